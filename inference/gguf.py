@@ -1,0 +1,604 @@
+"""GGUF files: read by mmap (zero-copy tensors), validated, and written back byte for byte.
+
+Layout (v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 metadata count;
+metadata as (string key, u32 value type, value); tensor infos as (string name, u32 n_dims,
+u64 ne[n_dims], u32 ggml type, u64 offset); then, at the next multiple of `general.alignment`,
+the data section that every tensor offset is relative to. A string is a u64 length and its bytes.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numba
+import numpy as np
+
+from .ggml_types import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ARRAY_NESTING = 8
+
+
+class GGUFError(ValueError):
+    """A file that is not a valid GGUF file; the message says what is wrong and where."""
+
+
+class GGUFValueType(IntEnum):
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# Fixed-size value types: struct format and numpy dtype (little-endian).
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
+_SCALAR_DTYPES = {t: np.dtype(f) for t, f in _SCALAR_FORMATS.items()}
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """The declared type of a metadata value: `type`, and for arrays the element type (nested
+    arrays give a ValueType as element)."""
+    type: GGUFValueType
+    element: "ValueType | None" = None
+
+
+# ----------------------------------------------------------------------------- reading
+
+@numba.njit(cache=True)
+def _string_array_offsets(buf, pos, count, end):
+    """Offsets of `count` length-prefixed strings starting at `pos`: (starts, ends, next_pos).
+    next_pos is -1 when a length runs past `end`."""
+    starts = np.empty(count, np.int64)
+    ends = np.empty(count, np.int64)
+    for i in range(count):
+        if pos + 8 > end:
+            return starts, ends, -1
+        n = np.int64(0)
+        for b in range(7, -1, -1):
+            n = (n << 8) | np.int64(buf[pos + b])
+        if n < 0 or n > end - pos - 8:
+            return starts, ends, -1
+        starts[i] = pos + 8
+        ends[i] = pos + 8 + n
+        pos += 8 + n
+    return starts, ends, pos
+
+
+@numba.njit(cache=True)
+def _join_strings(buf, starts, ends):
+    """The strings' bytes joined by NUL separators, and whether any string itself holds a NUL."""
+    total = 0
+    for i in range(len(starts)):
+        total += ends[i] - starts[i] + 1
+    out = np.zeros(max(total - 1, 0), np.uint8)
+    has_nul = False
+    j = 0
+    for i in range(len(starts)):
+        for k in range(starts[i], ends[i]):
+            out[j] = buf[k]
+            has_nul |= buf[k] == 0
+            j += 1
+        j += 1
+    return out, has_nul
+
+
+class _LazyStrings:
+    """A string array decoded on first use (Gemma's vocabulary has 262,144 entries)."""
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self.buf, self.starts, self.ends = buf, starts, ends
+
+    def decode(self) -> list[str]:
+        if len(self.starts) == 0:
+            return []
+        joined, has_nul = _join_strings(self.buf, self.starts, self.ends)
+        if not has_nul:  # one decode and split in C instead of a Python loop per string
+            return joined.tobytes().decode("utf-8", "surrogateescape").split("\0")
+        raw = self.buf
+        return [bytes(raw[a:b]).decode("utf-8", "surrogateescape")
+                for a, b in zip(self.starts.tolist(), self.ends.tolist())]
+
+
+class _Reader:
+    """Bounds-checked cursor over the mapped file; every failure names the field and offset."""
+
+    def __init__(self, buf: np.ndarray, mem):
+        self.buf = buf  # uint8 view of the whole file
+        self.mem = mem  # the same bytes, for struct.unpack_from
+        self.pos = 0
+        self.end = len(buf)
+
+    def fail(self, what: str, offset: int | None = None) -> GGUFError:
+        return GGUFError(f"{what} (at offset {self.pos if offset is None else offset})")
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.end:
+            raise self.fail(f"truncated file: {what} needs {n} bytes but only "
+                            f"{max(self.end - self.pos, 0)} remain")
+
+    def scalar(self, vtype: GGUFValueType, what: str):
+        fmt = _SCALAR_FORMATS[vtype]
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.mem, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar(GGUFValueType.UINT32, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(GGUFValueType.UINT64, what)
+
+    def string(self, what: str) -> str:
+        start = self.pos
+        n = self.u64(f"length of {what}")
+        if n > self.end - self.pos:
+            raise self.fail(f"{what}: string length {n} runs past the end of the file", start)
+        raw = bytes(self.mem[self.pos:self.pos + n])
+        self.pos += n
+        return raw.decode("utf-8", "surrogateescape")
+
+    def value_type(self, what: str) -> GGUFValueType:
+        start = self.pos
+        code = self.u32(f"type of {what}")
+        try:
+            return GGUFValueType(code)
+        except ValueError:
+            raise self.fail(f"{what}: unknown metadata value type {code}", start) from None
+
+    def value(self, vtype: GGUFValueType, what: str, depth: int = 0):
+        """Returns (ValueType, value); array values may be lazy (see Metadata)."""
+        if vtype == GGUFValueType.STRING:
+            return ValueType(vtype), self.string(what)
+        if vtype != GGUFValueType.ARRAY:
+            return ValueType(vtype), self.scalar(vtype, what)
+        if depth >= MAX_ARRAY_NESTING:
+            raise self.fail(f"{what}: arrays nested deeper than {MAX_ARRAY_NESTING}")
+        etype = self.value_type(f"element type of {what}")
+        start = self.pos
+        count = self.u64(f"element count of {what}")
+        if etype in _SCALAR_DTYPES:
+            dtype = _SCALAR_DTYPES[etype]
+            if count > (self.end - self.pos) // dtype.itemsize:
+                raise self.fail(f"{what}: {count} elements of {etype.name} run past the end of "
+                                "the file", start)
+            data = self.buf[self.pos:self.pos + count * dtype.itemsize].view(dtype)
+            self.pos += count * dtype.itemsize
+            return ValueType(vtype, ValueType(etype)), data
+        if etype == GGUFValueType.STRING:
+            # Each string takes at least its 8-byte length, so a hostile count fails here cheaply.
+            if count > (self.end - self.pos) // 8:
+                raise self.fail(f"{what}: {count} strings cannot fit in the rest of the file", start)
+            starts, ends, next_pos = _string_array_offsets(self.buf, self.pos, count, self.end)
+            if next_pos < 0:
+                raise self.fail(f"{what}: a string in the array runs past the end of the file",
+                                start)
+            self.pos = int(next_pos)
+            return ValueType(vtype, ValueType(etype)), _LazyStrings(self.buf, starts, ends)
+        # Arrays of arrays: rare and small; each element needs at least 12 bytes.
+        if count > (self.end - self.pos) // 12:
+            raise self.fail(f"{what}: {count} nested arrays cannot fit in the rest of the file",
+                            start)
+        items, element = [], None
+        for i in range(count):
+            element, item = self.value(GGUFValueType.ARRAY, f"{what}[{i}]", depth + 1)
+            items.append(item)
+        return ValueType(vtype, element or ValueType(GGUFValueType.ARRAY)), items
+
+
+def _plain(value):
+    """A parsed metadata value as the Python value users see."""
+    if isinstance(value, _LazyStrings):
+        return value.decode()
+    if isinstance(value, np.ndarray):
+        return value.copy()  # detached from the mapping, so it outlives close()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Metadata(Mapping):
+    """key → Python value, in file order. Arrays are decoded on first access: numeric arrays become
+    numpy arrays, string arrays lists of str. `types[key]` is the declared ValueType."""
+
+    def __init__(self, raw: dict, types: dict[str, ValueType]):
+        self._raw = raw
+        self._decoded: dict = {}
+        self.types = types
+
+    def __getitem__(self, key):
+        if key not in self._decoded:
+            self._decoded[key] = _plain(self._raw[key])
+        return self._decoded[key]
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self):
+        return len(self._raw)
+
+    def __repr__(self):
+        return f"Metadata({len(self)} keys)"
+
+
+class GGUFTensor:
+    """One tensor: `.type` (llama.cpp's name), `.shape` (numpy order: ggml's ne reversed),
+    `.nbytes`, `.data` (zero-copy uint8 view), `.rows` (uint8, one row of blocks per row),
+    `.dequantize()`."""
+
+    def __init__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], offset: int,
+                 buf: np.ndarray):
+        self.name = name
+        self.ggml_type = ggml_type
+        self.shape = shape
+        self.offset = offset  # absolute, in the file
+        self.n_elements = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        self.nbytes = self.n_elements // ggml_type.block_size * ggml_type.type_size
+        self._buf = buf
+
+    @property
+    def type(self) -> str:
+        return self.ggml_type.name
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._buf is None or self.offset + self.nbytes > len(self._buf):
+            raise GGUFError(f"tensor {self.name!r}: data is not available (file closed, or only "
+                            "its header was read)")
+        return self._buf[self.offset:self.offset + self.nbytes]
+
+    @property
+    def rows(self) -> np.ndarray:
+        row_bytes = self.ggml_type.row_bytes(self.shape[-1])
+        return self.data.reshape(-1, row_bytes)
+
+    def dequantize(self) -> np.ndarray:
+        from .quants import dequantize
+        return dequantize(self.type, self.data, self.n_elements).reshape(self.shape)
+
+    def __repr__(self):
+        return f"GGUFTensor({self.name!r}, {self.type}, shape={self.shape})"
+
+
+class GGUFFile:
+    """An open GGUF file. Opening reads the header only; tensor data stays in the mapping until
+    used. Use as a context manager or call close()."""
+
+    def __init__(self, path, buf: np.ndarray, mapping, version: int, metadata: Metadata,
+                 tensors: dict[str, GGUFTensor], alignment: int, data_offset: int):
+        self.path = path
+        self._buf = buf
+        self._mapping = mapping
+        self.version = version
+        self.metadata = metadata
+        self.tensors = tensors
+        self.alignment = alignment
+        self.data_offset = data_offset
+        self.file_size = len(buf)
+
+    @classmethod
+    def open(cls, path, use_mmap: bool = True, mlock: bool = False) -> "GGUFFile":
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    raise GGUFError(f"{path}: empty file, not a GGUF model")
+                if use_mmap:
+                    mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                else:
+                    mapping = bytearray(size)
+                    if f.readinto(mapping) != size:
+                        raise GGUFError(f"{path}: file changed size while reading")
+        except IsADirectoryError:
+            raise GGUFError(f"{path}: is a directory, not a GGUF model") from None
+        buf = np.frombuffer(mapping, dtype=np.uint8)
+        if mlock and use_mmap:
+            _mlock(buf)
+        try:
+            parsed = _parse(buf, mapping)
+        except GGUFError as e:
+            raise GGUFError(f"{path}: {e}") from None
+        return cls(path, buf, mapping, *parsed)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "<bytes>", header_only: bool = False
+                   ) -> "GGUFFile":
+        """Parses a GGUF image held in memory. With `header_only`, `data` may be just the start
+        of a file (as fetched by an HTTP Range request): tensors are described but their data is
+        not checked or readable."""
+        if not data:
+            raise GGUFError(f"{name}: empty, not a GGUF model")
+        buf = np.frombuffer(data, dtype=np.uint8)
+        try:
+            parsed = _parse(buf, data, header_only)
+        except GGUFError as e:
+            raise GGUFError(f"{name}: {e}") from None
+        return cls(name, buf, data, *parsed)
+
+    def close(self) -> None:
+        self.tensors = {}
+        self._buf = None
+        mapping, self._mapping = self._mapping, None
+        if isinstance(mapping, mmap.mmap):
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # views are still alive; the mapping closes when the last one goes
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def architecture(self) -> str | None:
+        return self.metadata.get("general.architecture")
+
+    def __repr__(self):
+        return f"GGUFFile({self.path!r}, v{self.version}, {len(self.metadata)} keys, " \
+               f"{len(self.tensors)} tensors)"
+
+
+def _mlock(buf: np.ndarray) -> None:
+    import ctypes
+    import ctypes.util
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    if libc.mlock(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(buf.nbytes)) != 0:
+        warnings.warn(f"mlock failed ({os.strerror(ctypes.get_errno())}); the model may be "
+                      "paged out (raise RLIMIT_MEMLOCK with `ulimit -l`)", RuntimeWarning, 2)
+
+
+def _parse(buf: np.ndarray, mem, header_only: bool = False):
+    r = _Reader(buf, mem)
+    r.need(4, "magic")
+    magic = bytes(mem[0:4])
+    if magic != GGUF_MAGIC:
+        raise r.fail(f"not a GGUF file: magic is {magic!r}, expected {GGUF_MAGIC!r}", 0)
+    r.pos = 4
+    version = r.u32("version")
+    if version not in SUPPORTED_VERSIONS:
+        raise r.fail(f"unsupported GGUF version {version} (supported: 2, 3)", 4)
+    n_tensors = r.u64("tensor count")
+    n_kv = r.u64("metadata count")
+    # Each metadata entry takes at least 13 bytes, each tensor info at least 24.
+    if n_kv > (r.end - r.pos) // 13:
+        raise r.fail(f"metadata count {n_kv} cannot fit in a file of {r.end} bytes", 16)
+    if n_tensors > (r.end - r.pos) // 24:
+        raise r.fail(f"tensor count {n_tensors} cannot fit in a file of {r.end} bytes", 8)
+
+    raw, types = {}, {}
+    for i in range(n_kv):
+        start = r.pos
+        key = r.string(f"key of metadata entry {i}")
+        if key in raw:
+            raise r.fail(f"duplicate metadata key {key!r}", start)
+        vtype = r.value_type(f"metadata {key!r}")
+        types[key], raw[key] = r.value(vtype, f"metadata {key!r}")
+    metadata = Metadata(raw, types)
+
+    alignment = DEFAULT_ALIGNMENT
+    if "general.alignment" in raw:
+        alignment = raw["general.alignment"]
+        if types["general.alignment"].type != GGUFValueType.UINT32 or alignment <= 0 \
+                or alignment & (alignment - 1):
+            raise r.fail(f"general.alignment must be a power of two (u32), got {alignment!r}")
+
+    infos = []
+    for i in range(n_tensors):
+        start = r.pos
+        name = r.string(f"name of tensor {i}")
+        n_dims = r.u32(f"n_dims of tensor {name!r}")
+        if n_dims > MAX_DIMS:
+            raise r.fail(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})", start)
+        ne = [r.u64(f"dimension {d} of tensor {name!r}") for d in range(n_dims)]
+        type_pos = r.pos
+        type_id = r.u32(f"type of tensor {name!r}")
+        if type_id not in GGML_TYPES_BY_ID:
+            raise r.fail(f"tensor {name!r} has unknown ggml type {type_id}", type_pos)
+        offset = r.u64(f"offset of tensor {name!r}")
+        infos.append((start, name, ne, GGML_TYPES_BY_ID[type_id], offset))
+
+    data_offset = -(-r.pos // alignment) * alignment
+    if data_offset > r.end and n_tensors and not header_only:
+        raise r.fail(f"truncated file: data section would start at {data_offset}")
+    data_size = (1 << 62) if header_only else r.end - data_offset
+
+    tensors = {}
+    for start, name, ne, gtype, offset in infos:
+        if name in tensors:
+            raise r.fail(f"duplicate tensor name {name!r}", start)
+        n_elements = 1
+        for d in ne:
+            n_elements *= d
+        if n_elements >= 1 << 62:
+            raise r.fail(f"tensor {name!r}: dimensions {ne} overflow", start)
+        if ne and ne[0] % gtype.block_size:
+            raise r.fail(f"tensor {name!r}: row length {ne[0]} is not a multiple of the "
+                         f"{gtype.name} block size {gtype.block_size}", start)
+        if offset % alignment:
+            raise r.fail(f"tensor {name!r}: data offset {offset} is not aligned to {alignment}",
+                         start)
+        nbytes = n_elements // gtype.block_size * gtype.type_size
+        if offset + nbytes > data_size:
+            raise r.fail(f"tensor {name!r}: data [{data_offset + offset}, "
+                         f"{data_offset + offset + nbytes}) lies outside the file "
+                         f"({r.end} bytes)", start)
+        shape = tuple(int(d) for d in reversed(ne))
+        tensors[name] = GGUFTensor(name, gtype, shape, data_offset + offset, buf)
+
+    ordered = sorted(tensors.values(), key=lambda t: t.offset)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.offset + a.nbytes > b.offset:
+            raise GGUFError(f"tensors {a.name!r} and {b.name!r} overlap in the data section "
+                            f"(at offset {b.offset})")
+    return version, metadata, tensors, alignment, data_offset
+
+
+# ----------------------------------------------------------------------------- writing
+
+def infer_value_type(value) -> ValueType:
+    """A reasonable GGUF type for a Python value, for keys written without an explicit type."""
+    if isinstance(value, (bool, np.bool_)):
+        return ValueType(GGUFValueType.BOOL)
+    if isinstance(value, (int, np.integer)):
+        if 0 <= value < 1 << 32:
+            return ValueType(GGUFValueType.UINT32)
+        return ValueType(GGUFValueType.INT64 if -(1 << 63) <= value < 1 << 63
+                         else GGUFValueType.UINT64)
+    if isinstance(value, (float, np.floating)):
+        return ValueType(GGUFValueType.FLOAT32)
+    if isinstance(value, str):
+        return ValueType(GGUFValueType.STRING)
+    if isinstance(value, np.ndarray):
+        for vtype, dtype in _SCALAR_DTYPES.items():
+            if dtype == value.dtype.newbyteorder("<"):
+                return ValueType(GGUFValueType.ARRAY, ValueType(vtype))
+        raise TypeError(f"cannot store a numpy array of {value.dtype} in GGUF metadata")
+    if isinstance(value, (list, tuple)):
+        element = infer_value_type(value[0]) if len(value) else ValueType(GGUFValueType.INT32)
+        return ValueType(GGUFValueType.ARRAY, element)
+    raise TypeError(f"cannot store {type(value).__name__} in GGUF metadata")
+
+
+def _encode_string(s: str) -> bytes:
+    raw = s.encode("utf-8", "surrogateescape")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _encode_value(vtype: ValueType, value) -> bytes:
+    t = vtype.type
+    if t == GGUFValueType.STRING:
+        return _encode_string(value)
+    if t != GGUFValueType.ARRAY:
+        return struct.pack(_SCALAR_FORMATS[t], value)
+    et = vtype.element
+    head = struct.pack("<IQ", et.type, len(value))
+    if et.type in _SCALAR_DTYPES:
+        return head + np.asarray(value, dtype=_SCALAR_DTYPES[et.type]).tobytes()
+    if et.type == GGUFValueType.STRING:
+        return head + b"".join(map(_encode_string, value))
+    return head + b"".join(_encode_value(et, v) for v in value)  # nested arrays: no type tag
+
+
+@dataclass
+class _TensorToWrite:
+    name: str
+    ggml_type: GGMLType
+    shape: tuple[int, ...]
+    data: np.ndarray | None  # uint8 bytes; None when written later through a callback
+    nbytes: int
+
+
+class GGUFWriter:
+    """Collects metadata and tensors, then writes a GGUF file atomically: everything goes to a
+    temporary file beside the target, renamed into place only when complete."""
+
+    def __init__(self, path, alignment: int = DEFAULT_ALIGNMENT, version: int = 3):
+        if version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"GGUF version {version} is not supported (2 or 3)")
+        self.path = os.fspath(path)
+        self.alignment = alignment
+        self.version = version
+        self.metadata: dict[str, tuple[ValueType, object]] = {}
+        self.tensors: list[_TensorToWrite] = []
+
+    def add(self, key: str, value, vtype: ValueType | GGUFValueType | None = None) -> None:
+        if isinstance(vtype, GGUFValueType):
+            vtype = ValueType(vtype)
+        self.metadata[key] = (vtype or infer_value_type(value), value)
+        if key == "general.alignment":
+            self.alignment = int(value)
+
+    def add_metadata(self, metadata: Metadata, skip: Iterable[str] = ()) -> None:
+        """Copies every key of an open file's metadata with its declared type."""
+        skip = set(skip)
+        for key in metadata:
+            if key not in skip:
+                self.add(key, metadata[key], metadata.types[key])
+
+    def add_tensor(self, name: str, type_name: str, shape, data: np.ndarray) -> None:
+        gtype = GGML_TYPES[type_name]
+        shape = tuple(int(d) for d in shape)
+        n_elements = int(np.prod(shape, dtype=np.int64))
+        nbytes = n_elements // gtype.block_size * gtype.type_size
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if shape[-1] % gtype.block_size or data.nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {data.nbytes} bytes do not hold {type_name} "
+                             f"data of shape {shape} ({nbytes} bytes expected)")
+        if any(t.name == name for t in self.tensors):
+            raise ValueError(f"duplicate tensor name {name!r}")
+        self.tensors.append(_TensorToWrite(name, gtype, shape, data, nbytes))
+
+    def _header(self) -> bytes:
+        parts = [GGUF_MAGIC, struct.pack("<IQQ", self.version, len(self.tensors),
+                                         len(self.metadata))]
+        for key, (vtype, value) in self.metadata.items():
+            parts += [_encode_string(key), struct.pack("<I", vtype.type),
+                      _encode_value(vtype, value)]
+        offset = 0
+        for t in self.tensors:
+            ne = tuple(reversed(t.shape))
+            parts += [_encode_string(t.name), struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne,
+                                                          t.ggml_type.id, offset)]
+            offset += _padding(t.nbytes, self.alignment) + t.nbytes
+        return b"".join(parts)
+
+    def write(self, progress=None) -> None:
+        """Writes the file. `progress(done_bytes, total_bytes)` is called as tensors are written."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=".gguf", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                header = self._header()
+                f.write(header)
+                f.write(b"\0" * _padding(len(header), self.alignment))
+                total = sum(t.nbytes for t in self.tensors)
+                done = 0
+                for t in self.tensors:
+                    f.write(memoryview(t.data))
+                    f.write(b"\0" * _padding(t.nbytes, self.alignment))
+                    done += t.nbytes
+                    if progress:
+                        progress(done, total)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+
+def _padding(n: int, alignment: int) -> int:
+    return -n % alignment

