@@ -1,0 +1,557 @@
+"""Token sampling with llama.cpp's sampler chain and defaults, and stop-string handling.
+
+The chain is the one `common_sampler_init` builds with the default sampler list:
+
+    logit bias → penalties → top-k → typical → top-p → min-p → temperature → draw
+
+Each step follows `src/llama-sampling.cpp`:
+
+- logit bias adds `bias[id]` to the logit (-inf bans a token);
+- penalties look at the last `repeat_last_n` accepted tokens: a token seen `count` times has its
+  logit divided by `repeat_penalty` when positive, multiplied when ≤ 0, then lowered by
+  `count * frequency_penalty + presence_penalty`;
+- top-k keeps the k largest logits (k ≤ 0: off);
+- typical keeps the tokens whose surprise `-log p` is closest to the entropy until their mass
+  exceeds `typical_p` (≥ 1: off);
+- top-p keeps the most likely tokens until their mass reaches `top_p` (≥ 1: off);
+- min-p keeps the tokens with `p ≥ min_p · p_max`, i.e. `logit ≥ max_logit + log(min_p)`
+  (≤ 0: off);
+- temperature divides the logits; at `temperature ≤ 0` it keeps only the largest logit, so the
+  draw is greedy, but logit bias and penalties (and the filters) still apply first, as in
+  llama.cpp;
+- the draw is a softmax over what is left and one uniform number against the running sum. A
+  single survivor is returned without touching the RNG (llama.cpp's `dist` does the same).
+
+Every filter keeps at least one token and at least `min_keep`. The RNG is numpy's PCG64, not
+llama.cpp's mt19937, so a seed gives a reproducible sequence here but not llama.cpp's sequence.
+
+Speed: with top-k on, one numba pass over the logits (a k-element heap) finds the candidates, so a
+step over a 262144-token vocabulary costs a fraction of a millisecond; all later steps work on those
+k candidates only.
+
+The sampler does not see the prompt unless told: llama.cpp's CLI accepts the prompt tokens into
+the sampler so that repetition penalties cover them — call `accept_many(prompt_ids)` to do the
+same.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import secrets
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+__all__ = ["SamplingParams", "Sampler", "StopStringMatcher"]
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _finite(name: str, v) -> float:
+    if not _is_real(v) or not math.isfinite(float(v)):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _unit(name: str, v) -> float:
+    v = _finite(name, v)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
+    return v
+
+
+def _integer(name: str, v, minimum: int) -> int:
+    if not _is_int(v):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if v < minimum:
+        raise ValueError(f"{name} must be ≥ {minimum}, got {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and when to stop. Defaults are llama.cpp's (`common/common.h`).
+
+    temperature ≤ 0 means greedy. top_k ≤ 0, top_p = 1, min_p = 0 and typical_p = 1 turn those
+    filters off; repeat_penalty = 1 and frequency/presence penalty = 0 turn penalties off.
+    repeat_last_n: how many recent tokens the penalties look at; 0 = none, -1 = the whole context.
+    seed: None draws a random one (see `Sampler.seed`). logit_bias: token id → added to its logit
+    (-inf bans it). max_tokens: None = until end of generation or context. stop: strings that
+    end generation (a single string is accepted too).
+    """
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    max_tokens: int | None = None
+    stop: Sequence[str] = ()
+    min_keep: int = 0
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        set_(self, "temperature", _finite("temperature", self.temperature))
+        set_(self, "top_k", _integer("top_k", self.top_k, -(2**31)))
+        set_(self, "top_p", _unit("top_p", self.top_p))
+        set_(self, "min_p", _unit("min_p", self.min_p))
+        set_(self, "typical_p", _unit("typical_p", self.typical_p))
+        rp = _finite("repeat_penalty", self.repeat_penalty)
+        if rp <= 0:
+            raise ValueError(f"repeat_penalty must be > 0 (1.0 = off), got {self.repeat_penalty!r}")
+        set_(self, "repeat_penalty", rp)
+        set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1))
+        set_(self, "frequency_penalty", _finite("frequency_penalty", self.frequency_penalty))
+        set_(self, "presence_penalty", _finite("presence_penalty", self.presence_penalty))
+        if self.seed is not None:
+            if not _is_int(self.seed) or self.seed < 0 or self.seed >= 2**128:
+                raise ValueError(
+                    f"seed must be None (random) or an integer in [0, 2**128), got {self.seed!r}")
+            set_(self, "seed", int(self.seed))
+        set_(self, "logit_bias", self._check_bias(self.logit_bias))
+        if self.max_tokens is not None:
+            set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, 1))
+        set_(self, "stop", self._check_stop(self.stop))
+        set_(self, "min_keep", _integer("min_keep", self.min_keep, 0))
+
+    @staticmethod
+    def _check_bias(bias) -> dict[int, float]:
+        if bias is None:
+            return {}
+        if not isinstance(bias, Mapping):
+            raise ValueError(f"logit_bias must be a mapping of token id → bias, got {type(bias).__name__}")
+        out = {}
+        for k, v in bias.items():
+            if not _is_int(k) or k < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers ≥ 0), got {k!r}")
+            if not _is_real(v) or math.isnan(float(v)) or float(v) == math.inf:
+                raise ValueError(
+                    f"logit_bias[{k}] must be a finite number or -inf (to ban the token), got {v!r}")
+            out[int(k)] = float(v)
+        return out
+
+    @staticmethod
+    def _check_stop(stop) -> tuple[str, ...]:
+        if stop is None:
+            return ()
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, Iterable):
+            raise ValueError(f"stop must be a list of strings, got {type(stop).__name__}")
+        out = []
+        for s in stop:
+            if not isinstance(s, str):
+                raise ValueError(f"stop strings must be str, got {s!r}")
+            if not s:
+                raise ValueError("stop strings must not be empty")
+            if s not in out:
+                out.append(s)
+        return tuple(out)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True, inline="always")
+def _below(va, ia, vb, ib):
+    # heap order: the "smallest" candidate is the one to evict first: lower logit, or on a tie the
+    # higher token id (so that ties keep the lowest ids, like a stable descending sort)
+    return va < vb or (va == vb and ia > ib)
+
+
+@njit(cache=True, inline="always")
+def _sift_down(vals, ids, pos, k):
+    while True:
+        child = 2 * pos + 1
+        if child >= k:
+            break
+        if child + 1 < k and _below(vals[child + 1], ids[child + 1], vals[child], ids[child]):
+            child += 1
+        if _below(vals[child], ids[child], vals[pos], ids[pos]):
+            vals[pos], vals[child] = vals[child], vals[pos]
+            ids[pos], ids[child] = ids[child], ids[pos]
+            pos = child
+        else:
+            break
+
+
+@njit(cache=True)
+def _top_k_kernel(x, k, out_vals, out_ids):
+    """The k largest entries of x (ties: lowest index first) into out_*, as a min-heap (unsorted).
+    Returns the number of entries that are NaN or +inf (which the caller rejects)."""
+    n = x.shape[0]
+    bad = 0
+    for i in range(k):
+        v = x[i]
+        if v != v or v == np.inf:
+            bad += 1
+        out_vals[i] = v
+        out_ids[i] = i
+    for start in range(k // 2 - 1, -1, -1):
+        _sift_down(out_vals, out_ids, start, k)
+    for i in range(k, n):
+        v = x[i]
+        if v > out_vals[0]:  # NaN never passes; a tie with the root keeps the lower id
+            if v == np.inf:
+                bad += 1
+            out_vals[0] = v
+            out_ids[0] = i
+            _sift_down(out_vals, out_ids, 0, k)
+        elif v != v:
+            bad += 1
+    return bad
+
+
+def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(ids, logits) of the k largest logits, sorted descending (ties: lower id first)."""
+    vals = np.empty(k, dtype=np.float32)
+    ids = np.empty(k, dtype=np.int64)
+    bad = _top_k_kernel(x, k, vals, ids)
+    order = np.lexsort((ids, -vals))
+    return ids[order], vals[order], bad
+
+
+def _desc_order(ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """Positions sorting the candidates by logit, descending; ties by lower id (for large arrays,
+    whose ids are still in ascending order, a stable argsort gives the same)."""
+    if len(vals) > 4096:
+        return np.argsort(-vals, kind="stable")
+    return np.lexsort((ids, -vals))
+
+
+def _sort_desc(ids: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = _desc_order(ids, vals)
+    return ids[order], vals[order]
+
+
+def _softmax32(vals: np.ndarray) -> np.ndarray:
+    """llama.cpp's softmax: float32 exp(logit - max), normalised by the sum."""
+    e = np.exp(vals - vals.max(), dtype=np.float32)
+    return e / e.sum(dtype=np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# the sampler
+
+
+class Sampler:
+    """One generation's sampler: `sample(logits) -> token id`, `accept(token_id)` after each token
+    (and `accept_many(prompt_ids)` first, to let the penalties see the prompt as llama.cpp does).
+
+    n_ctx is only used for `repeat_last_n = -1` (the whole context); without it the window is
+    unbounded. After `sample`, `last_candidates` holds the final (ids, probabilities) it drew from.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int, *, n_ctx: int | None = None):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if not _is_int(n_vocab) or n_vocab < 1:
+            raise ValueError(f"n_vocab must be a positive integer, got {n_vocab!r}")
+        if n_ctx is not None and (not _is_int(n_ctx) or n_ctx < 1):
+            raise ValueError(f"n_ctx must be a positive integer or None, got {n_ctx!r}")
+        self.params = params
+        self.n_vocab = int(n_vocab)
+        for tok in params.logit_bias:
+            if tok >= self.n_vocab:
+                raise ValueError(
+                    f"logit_bias names token {tok}, but the vocabulary has {self.n_vocab} tokens")
+        self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64,
+                                     count=len(params.logit_bias))
+        self._bias_vals = np.fromiter(params.logit_bias.values(), dtype=np.float32,
+                                      count=len(params.logit_bias))
+
+        last_n = params.repeat_last_n
+        if last_n == -1:
+            last_n = n_ctx  # None: unbounded
+        self._window_size = last_n
+        self._penalties_on = last_n != 0 and not (
+            params.repeat_penalty == 1.0 and params.frequency_penalty == 0.0
+            and params.presence_penalty == 0.0)
+        self._history: deque[int] = deque()
+        self._counts: dict[int, int] = {}
+
+        self.seed: int = 0
+        self._rng: np.random.Generator
+        self.reset()
+        self.last_candidates: tuple[np.ndarray, np.ndarray] | None = None
+
+    # ---- state
+
+    def reset(self) -> None:
+        """Forget accepted tokens and restart the RNG: the same sequence again for a fixed seed, a
+        fresh random seed otherwise (as llama.cpp's `dist` sampler resets)."""
+        self._history.clear()
+        self._counts.clear()
+        self.seed = self.params.seed if self.params.seed is not None else secrets.randbits(64)
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    def accept(self, token_id: int) -> None:
+        """Record a token that is now part of the sequence (for the penalty window)."""
+        if not _is_int(token_id) or not 0 <= token_id < self.n_vocab:
+            raise ValueError(f"token id must be an integer in [0, {self.n_vocab}), got {token_id!r}")
+        if self._window_size == 0:
+            return
+        token_id = int(token_id)
+        if self._window_size is not None and len(self._history) >= self._window_size:
+            old = self._history.popleft()
+            c = self._counts[old] - 1
+            if c:
+                self._counts[old] = c
+            else:
+                del self._counts[old]
+        self._history.append(token_id)
+        self._counts[token_id] = self._counts.get(token_id, 0) + 1
+
+    def accept_many(self, token_ids: Iterable[int]) -> None:
+        for t in token_ids:
+            self.accept(t)
+
+    @property
+    def history(self) -> tuple[int, ...]:
+        """The tokens in the penalty window, oldest first."""
+        return tuple(self._history)
+
+    # ---- sampling
+
+    def _prepare(self, logits) -> np.ndarray:
+        x = np.asarray(logits)
+        if x.ndim != 1 or x.shape[0] != self.n_vocab:
+            raise ValueError(f"logits must have shape ({self.n_vocab},), got {x.shape}")
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        p = self.params
+        if len(self._bias_ids) == 0 and not (self._penalties_on and self._counts):
+            return np.ascontiguousarray(x)
+        x = x.copy()
+        if len(self._bias_ids):
+            x[self._bias_ids] += self._bias_vals
+        if self._penalties_on and self._counts:
+            ids = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+            cnt = np.fromiter(self._counts.values(), dtype=np.float32, count=len(self._counts))
+            v = x[ids]
+            rp = np.float32(p.repeat_penalty)
+            v = np.where(v <= 0, v * rp, v / rp).astype(np.float32)
+            v -= cnt * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+            x[ids] = v
+        return x
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Apply the chain to one row of logits (n_vocab,) and draw a token id."""
+        p = self.params
+        x = self._prepare(logits)
+        n = self.n_vocab
+        min_keep = max(p.min_keep, 1)
+
+        if p.temperature <= 0.0 and p.typical_p >= 1.0:
+            # greedy: top-k, top-p and min-p all keep the most likely token (ties: lowest id),
+            # so the chain's answer is the argmax of the biased and penalised logits
+            token = int(np.argmax(x))
+            best = x[token]
+            if not best > -np.inf or best == np.inf:  # NaN sorts first in argmax
+                if np.isnan(x).any() or best == np.inf:
+                    raise ValueError("logits contain NaN or +inf value(s)")
+                raise ValueError("no token can be sampled: every candidate logit is -inf")
+            self.last_candidates = (np.array([token], dtype=np.int64),
+                                    np.ones(1, dtype=np.float32))
+            return token
+
+        # top-k
+        if 0 < p.top_k < n:
+            ids, vals, bad = _top_k(x, p.top_k)
+            is_sorted = True
+        else:
+            bad = int(np.count_nonzero(np.isnan(x) | (x == np.inf)))
+            ids, vals = np.arange(n, dtype=np.int64), x
+            is_sorted = False
+        if bad:
+            raise ValueError(f"logits contain {bad} NaN or +inf value(s)")
+        if not vals.max() > -np.inf:
+            raise ValueError("no token can be sampled: every candidate logit is -inf")
+
+        # typical
+        if p.typical_p < 1.0 and len(ids) > 1:
+            if not is_sorted:
+                ids, vals = _sort_desc(ids, vals)
+            probs = _softmax32(vals)
+            with np.errstate(divide="ignore"):
+                logp = np.log(probs)
+            pos = probs > 0
+            entropy = -np.sum(probs[pos] * logp[pos], dtype=np.float32)
+            shifted = np.abs(-logp - entropy)
+            order = np.argsort(shifted, kind="stable")
+            cum = np.cumsum(probs[order], dtype=np.float32)
+            over = np.nonzero((cum > p.typical_p) & (np.arange(len(cum)) >= min_keep - 1))[0]
+            last = int(over[0]) + 1 if len(over) else len(cum)
+            keep = order[:last]
+            ids, vals = ids[keep], vals[keep]
+            is_sorted = False
+
+        # top-p
+        if p.top_p < 1.0 and len(ids) > 1:
+            probs = _softmax32(vals)
+            cut = None
+            if not is_sorted:
+                # like llama.cpp, look for the nucleus among the most likely few first; the
+                # mass of a prefix is the same whichever way the rest is ordered
+                k = 256
+                while cut is None and k <= 2048 and k * 4 <= len(ids):
+                    top_pos, top_probs, _ = _top_k(probs, k)
+                    cum = np.cumsum(top_probs, dtype=np.float32)
+                    hit = np.nonzero((cum >= p.top_p) & (np.arange(1, k + 1) >= min_keep))[0]
+                    if len(hit):
+                        cut = int(hit[0]) + 1
+                        keep = top_pos[:cut]
+                        ids, vals = ids[keep], vals[keep]
+                        is_sorted = True
+                    k *= 8
+            if cut is None:
+                if not is_sorted:
+                    order = _desc_order(ids, vals)
+                    ids, vals, probs = ids[order], vals[order], probs[order]
+                    is_sorted = True
+                cum = np.cumsum(probs, dtype=np.float32)
+                hit = np.nonzero((cum >= p.top_p) & (np.arange(1, len(cum) + 1) >= min_keep))[0]
+                last = int(hit[0]) + 1 if len(hit) else len(cum)
+                ids, vals = ids[:last], vals[:last]
+
+        # min-p
+        if p.min_p > 0.0 and len(ids) > 1:
+            log_min_p = np.float32(math.log(p.min_p))
+            done = False
+            if not is_sorted:
+                keep = vals >= vals.max() + log_min_p
+                if np.count_nonzero(keep) >= min_keep:
+                    ids, vals = ids[keep], vals[keep]
+                    done = True
+            if not done:
+                if not is_sorted:
+                    ids, vals = _sort_desc(ids, vals)
+                    is_sorted = True
+                below = np.nonzero((vals < vals[0] + log_min_p)
+                                   & (np.arange(len(vals)) >= min_keep))[0]
+                if len(below):
+                    ids, vals = ids[:below[0]], vals[:below[0]]
+
+        # temperature
+        if p.temperature <= 0.0:
+            best = vals.max()
+            tied = ids[vals == best]
+            token = int(tied.min())
+            self.last_candidates = (np.array([token], dtype=np.int64),
+                                    np.ones(1, dtype=np.float32))
+            return token
+        vals = vals / np.float32(p.temperature)
+
+        # draw
+        if len(ids) == 1:
+            self.last_candidates = (ids, np.ones(1, dtype=np.float32))
+            return int(ids[0])
+        e = np.exp(vals - vals.max(), dtype=np.float32)
+        cum = np.cumsum(e, dtype=np.float64)
+        total = cum[-1]
+        target = self._rng.random() * total
+        i = int(np.searchsorted(cum, target, side="right"))
+        if i >= len(ids):  # rounding at the very top: the last token with non-zero mass
+            i = int(np.nonzero(e > 0)[0][-1])
+        self.last_candidates = (ids, (e / np.float32(total)).astype(np.float32))
+        return int(ids[i])
+
+
+# --------------------------------------------------------------------------------------------
+# stop strings
+
+
+class StopStringMatcher:
+    """Watches generated text for stop strings, as llama.cpp's server does.
+
+    Feed each decoded piece with `feed(piece)`: it returns `(text, stopped)`, where `text` is the
+    newly safe-to-show text. Text that could be the start of a stop string is held back until the
+    next pieces show whether it is; when a stop string completes, everything from its start on is
+    dropped and `stopped` is True (`stop_string` says which; the earliest match wins). When
+    generation ends for another reason, `flush()` returns what is still held back.
+    """
+
+    def __init__(self, stop: Sequence[str] | str = ()):
+        self.stops: tuple[str, ...] = SamplingParams._check_stop(stop)
+        self._text = ""  # everything fed, cut at the stop string once found
+        self._sent = 0  # characters of _text already returned
+        self.stop_string: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
+
+    @property
+    def text(self) -> str:
+        """All text so far, without the stop string and what followed it."""
+        return self._text
+
+    @property
+    def pending(self) -> str:
+        """Text held back because it may begin a stop string."""
+        return self._text[self._sent:]
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        if not isinstance(piece, str):
+            raise ValueError(f"piece must be str, got {type(piece).__name__}")
+        if self.stopped:
+            return "", True
+        self._text += piece
+        unsent = self._text[self._sent:]
+        if not self.stops:
+            self._sent = len(self._text)
+            return unsent, False
+
+        # a complete stop string can only start in the unsent part: everything sent was checked
+        # not to be the beginning of one
+        best = -1
+        for s in self.stops:
+            pos = unsent.find(s)
+            if pos != -1 and (best == -1 or pos < best):
+                best, self.stop_string = pos, s
+        if best != -1:
+            out = unsent[:best]
+            self._text = self._text[:self._sent + best]
+            self._sent = len(self._text)
+            return out, True
+
+        # hold back the longest tail that is a proper prefix of some stop string
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(unsent)), hold, -1):
+                if unsent.endswith(s[:k]):
+                    hold = k
+                    break
+        out = unsent[:len(unsent) - hold]
+        self._sent += len(out)
+        return out, False
+
+    def flush(self) -> str:
+        """Generation ended without a stop string: release the held-back text."""
+        out = self._text[self._sent:]
+        self._sent = len(self._text)
+        return out
