@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import Counter
 
 import numpy as np
@@ -73,7 +74,8 @@ def run(args):
     if args.json:
         print(json.dumps(info, indent=1, ensure_ascii=False))
         return 0
-    console = Console()
+    # Piped output is for grep and friends: keep each row on one line.
+    console = Console(width=None if sys.stdout.isatty() else 240)
     totals = info["totals"]
     console.print(f"[bold]{path}[/]  GGUF v{info['version']}, alignment {info['alignment']}, "
                   f"{len(info['metadata'])} metadata keys, {totals['n_tensors']} tensors")

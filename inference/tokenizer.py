@@ -1,0 +1,617 @@
+"""Tokenizers that reproduce llama.cpp's `llama_tokenize` / `llama_detokenize` exactly.
+
+Built from a GGUF metadata mapping (`Tokenizer.from_metadata`), following `src/llama-vocab.cpp`:
+
+* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`) and `llama` (SentencePiece-style
+  merging by score, see `tokenizer_spm`);
+* special tokens (CONTROL, USER_DEFINED and UNKNOWN types) are cut out of the text first, longest
+  first (`tokenizer_st_partition`); without `parse_special` only the USER_DEFINED ones are;
+* BOS/EOS are added as `tokenizer.ggml.add_bos_token` / `add_eos_token` say, with llama.cpp's
+  defaults per vocabulary and pre-tokenizer when the keys are absent;
+* detokenizing follows `token_to_piece` + `detokenize`, and `StreamDecoder` gives the same text
+  piece by piece without ever splitting a UTF-8 character;
+* the end-of-generation set follows llama.cpp's heuristics by token text.
+"""
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_decode
+from .tokenizer_spm import SPMModel
+
+# llama_token_attr bits
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+ATTR_NORMALIZED = 1 << 6
+ATTR_LSTRIP = 1 << 7
+ATTR_RSTRIP = 1 << 8
+ATTR_SINGLE_WORD = 1 << 9
+
+# tokenizer.ggml.token_type values (llama_token_type) → attributes
+_TYPE_TO_ATTR = np.array([ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTROL,
+                          ATTR_USER_DEFINED, ATTR_UNUSED, ATTR_BYTE], dtype=np.int64)
+
+_SPECIAL_ATTRS = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+
+_KEY = "tokenizer.ggml."
+
+# Texts llama.cpp recognises (src/llama-vocab.cpp, llama_vocab::impl::load).
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+              "<end_of_utterance>")
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+              "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+              "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+              "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
+
+_C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
+
+# detokenize's clean_spaces passes, as byte regexes (see _clean_spaces)
+_CLEAN_PUNCT = re.compile(rb" (?=[?!.,])")
+_CLEAN_QUOTE = re.compile(rb" ' ")
+_CLEAN_CONTRACTION = re.compile(rb" (?='(?:[sm]|re|ve))")
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's three clean-up passes: drop the space before ? ! . , ; turn " ' " into "'";
+    drop the space before 's 'm 're 've."""
+    text = _CLEAN_PUNCT.sub(b"", text)
+    text = _CLEAN_QUOTE.sub(b"'", text)
+    return _CLEAN_CONTRACTION.sub(b"", text)
+
+
+def _raw_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _to_list(value) -> list:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return list(value)
+
+
+class Tokenizer:
+    """A GGUF vocabulary with llama.cpp's tokenize / detokenize behaviour."""
+
+    def __init__(self, metadata: Mapping):
+        md = metadata
+        model = md.get(_KEY + "model")
+        if model is None:
+            raise ValueError("metadata has no tokenizer.ggml.model")
+        self.model: str = str(model)
+        self.pre: str = str(md.get(_KEY + "pre", "") or "")
+
+        bos, eos, unk = None, None, None
+        clean_spaces = False
+        add_bos = add_eos = False
+        pre_cfg = None
+        if self.model == "llama":
+            self.vocab_type = "spm"
+            bos, eos, unk = 1, 2, 0
+            add_space_prefix, add_bos = True, True
+        elif self.model == "gpt2":
+            self.vocab_type = "bpe"
+            bos, eos = 11, 11
+            add_space_prefix = False
+            pre_cfg = PRE_TOKENIZERS.get(self.pre)
+            if pre_cfg is None:
+                raise ValueError(f"unknown pre-tokenizer type: {self.pre!r}")
+            clean_spaces = pre_cfg.clean_spaces
+            add_bos = pre_cfg.add_bos
+            if pre_cfg.no_bos:
+                bos = None
+        else:
+            raise ValueError(f"unsupported tokenizer model: {self.model!r} "
+                             "(llamatui handles 'gpt2' BPE and 'llama' SentencePiece vocabularies)")
+        self.add_space_prefix: bool = bool(md.get(_KEY + "add_space_prefix", add_space_prefix))
+        self.clean_spaces: bool = clean_spaces
+
+        # --- the vocabulary
+        tokens = md.get(_KEY + "tokens")
+        if tokens is None:
+            raise ValueError("cannot find tokenizer vocab (tokenizer.ggml.tokens)")
+        tokens = list(tokens)
+        if set(map(type, tokens)) - {str}:
+            tokens = [t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
+                      for t in tokens]
+        n = len(tokens)
+        if "" in tokens:
+            for i in [i for i, t in enumerate(tokens) if not t]:
+                tokens[i] = f"[EMPTY_{i}]"
+        token_to_id = dict(zip(tokens, range(n)))
+        if len(token_to_id) != n:
+            seen: dict[str, int] = {}
+            for i, t in enumerate(tokens):
+                if t in seen:
+                    raise ValueError(
+                        f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}")
+                seen[t] = i
+        self._tokens: list[str] = tokens
+        self._token_to_id: dict[str, int] = token_to_id
+        self.n_vocab: int = n
+
+        scores = md.get(_KEY + "scores")
+        if scores is not None and len(scores) < n:
+            raise ValueError(f"fewer scores ({len(scores)}) than tokens ({n})")
+        self._scores: list[float] = (np.asarray(scores, dtype=np.float32)[:n].tolist()
+                                     if scores is not None else [0.0] * n)
+
+        types = md.get(_KEY + "token_type")
+        if types is not None:
+            types = np.asarray(types, dtype=np.int64)
+            if len(types) < n:
+                raise ValueError(f"fewer token types ({len(types)}) than tokens ({n})")
+            types = types[:n]
+            bad = (types < 0) | (types >= len(_TYPE_TO_ATTR))
+            attr_np = _TYPE_TO_ATTR[np.where(bad, 0, types)]
+            attr_np[bad] = ATTR_UNDEFINED
+        else:
+            attr_np = np.full(n, ATTR_NORMAL, dtype=np.int64)
+        self._attr: list[int] = attr_np.tolist()
+        self._touched: set[int] = set()  # ids whose attributes the heuristics below changed
+        self._control_ids: list[int] = np.nonzero(attr_np & ATTR_CONTROL)[0].tolist()
+
+        # --- special token ids: defaults, then metadata (ignored when out of range)
+        ids = {"bos": bos, "eos": eos, "eot": None, "eom": None, "unk": unk, "sep": None,
+               "pad": None, "mask": None, "fim_pre": None, "fim_suf": None, "fim_mid": None,
+               "fim_pad": None, "fim_rep": None, "fim_sep": None}
+        for name in ids:
+            if ids[name] is not None and ids[name] >= n:
+                ids[name] = None
+        keys = [("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
+                ("eom", "eom_token_id"), ("unk", "unknown_token_id"),
+                ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
+                ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"),
+                ("fim_suf", "fim_suf_token_id"), ("fim_mid", "fim_mid_token_id"),
+                ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
+                ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"),
+                ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id")]
+        for name, key in keys:
+            value = md.get(_KEY + key)
+            if value is not None and 0 <= int(value) < n:
+                ids[name] = int(value)
+
+        add_bos = md.get(_KEY + "add_bos_token", add_bos)
+        add_eos = md.get(_KEY + "add_eos_token", add_eos)
+        self.add_bos: bool = bool(add_bos)
+        self.add_eos: bool = bool(add_eos)
+        if self.add_bos and ids["bos"] is None:
+            raise ValueError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
+        if self.add_eos and ids["eos"] is None:
+            raise ValueError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
+
+        self._detect_special(ids)
+        self._ids = ids
+
+        # --- special tokens cache: longest text (in bytes) first
+        candidates = set(np.nonzero(attr_np & _SPECIAL_ATTRS)[0].tolist()) | self._touched
+        special = sorted(i for i in candidates if self._attr[i] & _SPECIAL_ATTRS)
+        special.sort(key=lambda i: -len(_raw_bytes(tokens[i])))
+        self._special_ids: list[int] = special
+        self._set_strip_attrs(md)
+
+        self._pieces: list[bytes | None] = [None] * n
+
+        if self.vocab_type == "bpe":
+            merges = md.get(_KEY + "merges")
+            if merges is None:
+                raise ValueError("cannot find tokenizer merges (tokenizer.ggml.merges)")
+            self._bpe = BPEModel(token_to_id, merges, pre_cfg)
+            self._spm = None
+        else:
+            byte_ids: list[int | None] = []
+            for b in range(256):
+                tid = token_to_id.get(f"<0x{b:02X}>")
+                if tid is None:
+                    tid = token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+                byte_ids.append(tid)
+            self._byte_ids = byte_ids
+            self._spm = SPMModel(token_to_id, self._scores, byte_ids, ids["unk"])
+            self._bpe = None
+        self._nl_id: int | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping) -> "Tokenizer":
+        return cls(metadata)
+
+    @classmethod
+    def from_gguf(cls, path) -> "Tokenizer":
+        from .gguf import GGUFFile
+        with GGUFFile.open(path) as f:
+            return cls(f.metadata)
+
+    def _detect_special(self, ids: dict) -> None:
+        """EOT/EOM/FIM detection by text, 'unused' marking and the end-of-generation set."""
+        tok, attr = self._token_to_id, self._attr
+
+        def found(texts):
+            present = [tok[t] for t in texts if t in tok]
+            return min(present) if present else None
+
+        touched = self._touched
+
+        def promote(tid):
+            if not attr[tid] & ATTR_CONTROL:
+                attr[tid] |= ATTR_CONTROL
+                touched.add(tid)
+
+        # llama.cpp takes the first match in hash-map order; we take the lowest id.
+        for name, texts in [("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS)] + list(_FIM_TEXTS.items()):
+            if ids[name] is None:
+                tid = found(texts)
+                if tid is not None:
+                    ids[name] = tid
+                    promote(tid)
+
+        for tid in set(self._control_ids) | touched:
+            a = attr[tid]
+            if a & ATTR_CONTROL and not a & ATTR_UNUSED and "unused" in self._tokens[tid]:
+                attr[tid] = a | ATTR_UNUSED
+
+        eog: set[int] = set()
+        for name in ("fim_pad", "fim_rep", "fim_sep"):
+            if ids[name] is not None:
+                eog.add(ids[name])
+        for text in _EOG_TEXTS:
+            tid = tok.get(text)
+            if tid is not None:
+                eog.add(tid)
+                promote(tid)
+        for text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):  # gpt-oss
+            tid = tok.get(text)
+            if tid is not None:
+                attr[tid] = ATTR_USER_DEFINED
+                touched.add(tid)
+        for name in ("eos", "eot", "eom"):
+            if ids[name] is not None:
+                eog.add(ids[name])
+        texts = {self._tokens[t]: t for t in eog}
+        # o200k_harmony / solar-open: "<|end|>" is not end-of-generation there
+        calls = "<|call|>" in texts or "<|calls|>" in texts
+        if "<|end|>" in texts and calls and ("<|return|>" in texts or "<|flush|>" in texts):
+            eog.discard(texts["<|end|>"])
+            attr[texts["<|end|>"]] = ATTR_USER_DEFINED
+            touched.add(texts["<|end|>"])
+        if "<|tool_response>" in texts and "</s>" in texts:
+            eog.discard(texts["</s>"])
+            attr[texts["</s>"]] = ATTR_NORMAL
+            touched.add(texts["</s>"])
+        self._eog: frozenset[int] = frozenset(eog)
+
+    def _set_strip_attrs(self, md: Mapping) -> None:
+        """The per-model LSTRIP/RSTRIP attributes llama.cpp sets by name."""
+        name = str(md.get("general.name", "") or "").lower()
+        pre = self.pre
+        arch = str(md.get("general.architecture", "") or "")
+        tok, attr = self._token_to_id, self._attr
+        if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+                s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
+            if "<mask>" in tok:
+                attr[tok["<mask>"]] |= ATTR_LSTRIP
+        elif "phi-3" in name or "phi3" in name:
+            for tid in self._special_ids:
+                attr[tid] |= ATTR_RSTRIP
+            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False),
+                             ("<|endoftext|>", False)):
+                if text in tok:
+                    if on:
+                        attr[tok[text]] |= ATTR_RSTRIP
+                    else:
+                        attr[tok[text]] &= ~ATTR_RSTRIP
+        elif "modern-bert" in name and "[MASK]" in tok:
+            attr[tok["[MASK]"]] |= ATTR_LSTRIP
+
+    # ------------------------------------------------------------------ attributes
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._ids["bos"]
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._ids["eos"]
+
+    @property
+    def eot_id(self) -> int | None:
+        return self._ids["eot"]
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._ids["unk"]
+
+    @property
+    def pad_id(self) -> int | None:
+        return self._ids["pad"]
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self._eog
+
+    @property
+    def nl_id(self) -> int | None:
+        """llama.cpp's linefeed token: the `<0x0A>` byte token (SPM) or the first id of "\\n"."""
+        if self._nl_id is None:
+            if self.vocab_type == "spm":
+                self._nl_id = self._byte_ids[10] if self._byte_ids[10] is not None else self.pad_id
+            else:
+                ids = self.encode("\n", add_special=False)
+                self._nl_id = ids[0] if ids else self.pad_id
+        return self._nl_id
+
+    def special_id(self, name: str) -> int | None:
+        """Id of a special token by llama.cpp's name (bos eos eot eom unk sep pad mask fim_*)."""
+        return self._ids[name]
+
+    def is_eog(self, token_id: int) -> bool:
+        return token_id in self._eog
+
+    def is_control(self, token_id: int) -> bool:
+        return bool(self._attr[token_id] & ATTR_CONTROL)
+
+    def token_attr(self, token_id: int) -> int:
+        return self._attr[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """The token's text as stored in the vocabulary."""
+        return self._tokens[token_id]
+
+    def token_score(self, token_id: int) -> float:
+        return self._scores[token_id]
+
+    def token_to_id(self, text: str) -> int | None:
+        return self._token_to_id.get(text)
+
+    def __len__(self) -> int:
+        return self.n_vocab
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({self.model}/{self.pre or '-'}, n_vocab={self.n_vocab}, "
+                f"bos={self.bos_id}, eos={self.eos_id}, add_bos={self.add_bos})")
+
+    # ------------------------------------------------------------------ tokenize
+
+    def _partition(self, text: str, parse_special: bool) -> list:
+        """tokenizer_st_partition: ints are special tokens, (start, end) pairs raw text."""
+        frags: list = [(0, len(text))]
+        attrs, tokens = self._attr, self._tokens
+        for tid in self._special_ids:
+            attr = attrs[tid]
+            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                continue
+            s = tokens[tid]
+            if s not in text:
+                continue
+            n = len(s)
+            out = []
+            for frag in frags:
+                if frag.__class__ is int:
+                    out.append(frag)
+                    continue
+                start, end = frag
+                while True:
+                    m = text.find(s, start, end)
+                    if m < 0:
+                        out.append((start, end))
+                        break
+                    left_end = m
+                    if attr & ATTR_LSTRIP:
+                        while left_end > start and text[left_end - 1] in _C_SPACE:
+                            left_end -= 1
+                    if left_end > start:
+                        out.append((start, left_end))
+                    out.append(tid)
+                    start = m + n
+                    if attr & ATTR_RSTRIP:
+                        while start < end and text[start] in _C_SPACE:
+                            start += 1
+                    if start >= end:
+                        break
+            frags = out
+        return frags
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """llama_tokenize(text, add_special, parse_special)."""
+        frags = self._partition(text, parse_special) if text else []
+        ids = self._ids
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(ids["bos"])
+        if self.vocab_type == "spm":
+            prev_special = True
+            spm = self._spm
+            for frag in frags:
+                if frag.__class__ is int:
+                    out.append(frag)
+                    prev_special = True
+                    continue
+                s = text[frag[0]:frag[1]]
+                if self.add_space_prefix and prev_special:
+                    s = " " + s
+                out.extend(spm.encode(s.replace(" ", "\u2581")))
+                prev_special = False
+        else:
+            bpe = self._bpe
+            for frag in frags:
+                if frag.__class__ is int:
+                    out.append(frag)
+                else:
+                    out.extend(bpe.encode(text[frag[0]:frag[1]]))
+        if add_special and self.add_eos:
+            out.append(ids["eos"])
+        return out
+
+    def __call__(self, text: str, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        return self.encode(text, add_special, parse_special)
+
+    # ------------------------------------------------------------------ detokenize
+
+    def _piece(self, token_id: int) -> bytes:
+        """The piece llama.cpp caches for a token (token_to_piece with special=true)."""
+        piece = self._pieces[token_id]
+        if piece is None:
+            attr, text = self._attr[token_id], self._tokens[token_id]
+            if attr & _SPECIAL_ATTRS:
+                piece = _raw_bytes(text)
+            elif attr & ATTR_NORMAL:
+                if self.vocab_type == "spm":
+                    piece = _raw_bytes(text.replace("\u2581", " "))
+                else:
+                    piece = byte_decode(text)
+            elif attr & ATTR_BYTE:
+                piece = bytes([_hex_byte(text)])
+            else:
+                piece = b""
+            self._pieces[token_id] = piece
+        return piece
+
+    def token_to_piece(self, token_id: int, special: bool = True, lstrip: int = 0) -> bytes:
+        """llama_token_to_piece: the token's bytes; CONTROL/UNKNOWN tokens give nothing unless
+        `special`; up to `lstrip` leading spaces are dropped."""
+        if not 0 <= token_id < self.n_vocab:
+            raise IndexError(f"token id {token_id} out of range (n_vocab={self.n_vocab})")
+        if not special and self._attr[token_id] & (ATTR_UNKNOWN | ATTR_CONTROL):
+            return b""
+        piece = self._piece(token_id)
+        if lstrip:
+            i = 0
+            while i < lstrip and i < len(piece) and piece[i] == 0x20:
+                i += 1
+            piece = piece[i:]
+        return piece
+
+    def detokenize(self, ids: Iterable[int], remove_special: bool = False,
+                   unparse_special: bool = True) -> bytes:
+        """llama_detokenize: the text's bytes (they may end inside a UTF-8 character)."""
+        ids = list(ids)
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
+            remove_space = False
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        parts = []
+        for tid in ids:
+            parts.append(self.token_to_piece(tid, unparse_special, 1 if remove_space else 0))
+            remove_space = False
+        text = b"".join(parts)
+        if self.clean_spaces:
+            text = _clean_spaces(text)
+        return text
+
+    def decode(self, ids: Iterable[int], remove_special: bool = False,
+               unparse_special: bool = True, errors: str = "replace") -> str:
+        """Detokenize to str. The defaults match the golden `detokenized` of llama.cpp: special
+        tokens are printed as their text and nothing is removed."""
+        return self.detokenize(ids, remove_special, unparse_special).decode("utf-8", errors)
+
+    def stream_decoder(self, remove_special: bool = False,
+                       unparse_special: bool = True) -> "StreamDecoder":
+        return StreamDecoder(self, remove_special, unparse_special)
+
+
+def _hex_byte(text: str) -> int:
+    """token_to_byte: the value of "<0xXX>" (strtol of text[3:5], 0 when not hex)."""
+    digits = text[3:5]
+    value = 0
+    for ch in digits:
+        d = "0123456789abcdef".find(ch.lower())
+        if d < 0:
+            break
+        value = value * 16 + d
+    return value
+
+
+class StreamDecoder:
+    """Detokenizes one token at a time: `feed(id)` returns the text that is now final, `flush()`
+    the rest. The pieces joined equal `Tokenizer.decode` of all the ids with the same flags; a
+    multi-byte UTF-8 character is never split, and text that clean-up could still change (a
+    trailing space before a possible "," say) is held back until the next token decides it."""
+
+    def __init__(self, tokenizer: Tokenizer, remove_special: bool = False,
+                 unparse_special: bool = True):
+        self.tokenizer = tokenizer
+        self.remove_special = remove_special
+        self.unparse_special = unparse_special
+        self._first = True
+        self._remove_space = tokenizer.add_space_prefix
+        self._held_eos = False
+        self._pending = b""  # bytes the clean-up passes may still change
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, token_id: int) -> str:
+        tok = self.tokenizer
+        if self._first:
+            self._first = False
+            if self.remove_special and tok.add_bos and token_id == tok.bos_id:
+                self._remove_space = False
+                return ""
+        out = ""
+        if self._held_eos:
+            self._held_eos = False
+            out = self._emit(tok.eos_id)
+        if self.remove_special and tok.add_eos and token_id == tok.eos_id:
+            self._held_eos = True  # dropped if it turns out to be the last token
+            return out
+        return out + self._emit(token_id)
+
+    def flush(self) -> str:
+        """The held-back text; the decoder starts afresh afterwards."""
+        self._held_eos = False
+        out = self._commit(len(self._pending)) if self._pending else ""
+        out += self._utf8.decode(b"", final=True)
+        self._first = True
+        self._remove_space = self.tokenizer.add_space_prefix
+        return out
+
+    def _emit(self, token_id: int) -> str:
+        piece = self.tokenizer.token_to_piece(token_id, self.unparse_special,
+                                              1 if self._remove_space else 0)
+        self._remove_space = False
+        if not self.tokenizer.clean_spaces:
+            return self._utf8.decode(piece)
+        self._pending += piece
+        return self._commit(self._safe_cut(self._pending))
+
+    @staticmethod
+    def _safe_cut(p: bytes) -> int:
+        """Longest prefix whose cleaned text no later byte can change: it must end in a byte
+        that is neither a space nor an apostrophe, and not in " 'r" / " 'v" (" 're", " 've")."""
+        c = len(p)
+        while c > 0:
+            ch = p[c - 1]
+            if ch != 0x20 and ch != 0x27 and not (
+                    ch in (0x72, 0x76) and c >= 3 and p[c - 2] == 0x27 and p[c - 3] == 0x20):
+                return c
+            c -= 1
+        return 0
+
+    def _commit(self, cut: int) -> str:
+        if cut == 0:
+            return ""
+        head, self._pending = self._pending[:cut], self._pending[cut:]
+        # A leading non-space byte stands for the text already committed (or the start).
+        return self._utf8.decode(_clean_spaces(b"X" + head)[1:])
