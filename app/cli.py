@@ -13,6 +13,9 @@ import sys
 COMMANDS = {
     "pull": ("cmd_pull", "download a starter model into the model store"),
     "inspect": ("cmd_inspect", "show a GGUF file's metadata and tensors"),
+    "run": ("cmd_run", "generate text from a prompt, or chat in the terminal (--chat)"),
+    "tokenize": ("cmd_tokenize", "print the token ids of a text"),
+    "perplexity": ("cmd_perplexity", "measure perplexity on a text file like llama-perplexity"),
 }
 
 

@@ -1,0 +1,17 @@
+"""The llamatui engine. Front-ends use `Engine`; the rest is for tools and tests.
+
+Names are imported on first use so that light tools (inspect, tokenize) don't load the kernels.
+"""
+import importlib
+
+_EXPORTS = {
+    "Engine": "engine", "ContextFullError": "engine", "GenerationEvent": "engine",
+    "ModelInfo": "engine", "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

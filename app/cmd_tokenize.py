@@ -1,0 +1,24 @@
+"""`llamatui tokenize -m MODEL TEXT`: the token ids of a text, as llama-tokenize --ids prints."""
+from llamatui.inference.gguf import GGUFFile
+from llamatui.inference.tokenizer import Tokenizer
+from llamatui.models.store import resolve_model
+
+
+def add_arguments(p):
+    p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
+    p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
+    p.add_argument("--parse-special", action="store_true",
+                   help="turn special-token text such as <|im_start|> into its token")
+    p.add_argument("--pieces", action="store_true", help="print 'id -> piece' lines")
+    p.add_argument("text")
+
+
+def run(args):
+    with GGUFFile.open(resolve_model(args.model)) as f:  # the vocabulary only, no weights
+        tok = Tokenizer.from_metadata(f.metadata)
+    ids = tok.encode(args.text, add_special=not args.no_bos, parse_special=args.parse_special)
+    if args.pieces:
+        for i in ids:
+            print(f"{i:6d} -> {tok.token_to_piece(i).decode('utf-8', 'replace')!r}")
+    else:
+        print(ids)

@@ -1,0 +1,44 @@
+"""The model-loading flags shared by run, perplexity and bench (llama.cpp's names)."""
+import sys
+
+from rich.console import Console
+
+from llamatui.models.store import resolve_model
+
+
+def add_model_arguments(p, default_ctx: int = 4096):
+    p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
+    p.add_argument("-c", "--ctx-size", type=int, default=default_ctx,
+                   help=f"context size in tokens (0 = the model's own; default {default_ctx})")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="threads (default: physical cores)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f16", "f32", "q8_0"))
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f16", "f32", "q8_0"))
+    p.add_argument("--no-mmap", action="store_true", help="read the model into memory")
+    p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="stop with an error when the context is full instead of shifting it")
+    p.add_argument("--keep", type=int, default=0,
+                   help="tokens of the prompt kept when the context shifts")
+
+
+def load_engine(args):
+    """Loads the engine with a status line on stderr."""
+    from llamatui.inference import Engine
+
+    path = resolve_model(args.model)
+    console = Console(stderr=True)
+    with console.status("Loading model…") as status:
+        def progress(stage, done, total):
+            status.update(f"{stage}…")
+
+        engine = Engine.load(
+            path, n_ctx=args.ctx_size, threads=args.threads, cache_type_k=args.cache_type_k,
+            cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
+            context_policy="error" if args.no_context_shift else "shift", n_keep=args.keep,
+            progress=progress if sys.stderr.isatty() else None)
+    info = engine.info
+    console.print(f"[dim]{info.name}: {info.architecture} {info.quantization}, "
+                  f"{info.n_params / 1e6:.0f}M parameters, n_ctx {info.n_ctx}, "
+                  f"{engine.threads} threads[/]")
+    return engine
