@@ -16,6 +16,7 @@ COMMANDS = {
     "run": ("cmd_run", "generate text from a prompt, or chat in the terminal (--chat)"),
     "tokenize": ("cmd_tokenize", "print the token ids of a text"),
     "perplexity": ("cmd_perplexity", "measure perplexity on a text file like llama-perplexity"),
+    "bench": ("cmd_bench", "measure prompt and generation speed like llama-bench"),
 }
 
 

@@ -214,6 +214,29 @@ class Engine:
             self._cached = ids
             return out
 
+    @property
+    def batch_size(self) -> int:
+        """Tokens evaluated per forward pass (llama.cpp's n_ubatch)."""
+        return self.model.n_ubatch
+
+    def reset(self) -> None:
+        """Empties the KV cache."""
+        with self._lock:
+            self.model.kv.seq_rm(0, -1, -1)
+            self._cached = []
+
+    def decode_tokens(self, ids: Sequence[int], pos: int) -> np.ndarray:
+        """Evaluates `ids` at positions pos.. of the cached sequence (which must hold exactly
+        `pos` tokens) and returns the last token's logits. For benchmarks and tools that drive
+        evaluation themselves."""
+        with self._lock:
+            if pos != len(self._cached):
+                raise ValueError(f"the cache holds {len(self._cached)} tokens, not {pos}")
+            ids = [int(t) for t in ids]
+            out = self.model.decode(Batch(ids, pos=pos, seq_ids=0))[-1]
+            self._cached.extend(ids)
+            return out
+
     def kv_usage(self) -> tuple[int, int]:
         return self.model.kv.used_cells, self.model.n_ctx
 

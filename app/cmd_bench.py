@@ -1,0 +1,58 @@
+"""`llamatui bench -m MODEL -p 512 -n 128 -t 2 -r 3 [-o json]`: llama-bench's tests and table."""
+import json
+import os
+
+from llamatui.inference.bench import run_bench
+
+from .engine_args import load_engine
+
+
+def add_arguments(p):
+    p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f16", "f32", "q8_0"))
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f16", "f32", "q8_0"))
+    p.add_argument("-o", "--output", choices=("md", "json"), default="md")
+
+
+def run(args):
+    if args.repetitions < 1:
+        raise ValueError("-r must be at least 1")
+    # the same flags as run/perplexity, with a context just big enough for the tests
+    args.ctx_size = max(args.n_prompt, args.n_gen) + 1
+    args.no_mmap = args.mlock = args.no_context_shift = False
+    args.keep = 0
+    engine = load_engine(args)
+    try:
+        results = run_bench(engine, args.n_prompt, args.n_gen, args.repetitions)
+        info = engine.info
+        if args.output == "json":
+            print(json.dumps([{
+                "model_filename": info.path, "model_type": f"{info.architecture} "
+                f"{info.quantization}", "model_size": info.file_bytes,
+                "model_n_params": info.n_params, "n_threads": engine.threads,
+                "type_k": info.cache_type_k, "type_v": info.cache_type_v,
+                "n_prompt": r.n_tokens if r.test.startswith("pp") else 0,
+                "n_gen": r.n_tokens if r.test.startswith("tg") else 0,
+                "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts, "samples_ts": r.samples_ts,
+            } for r in results], indent=1))
+            return 0
+        model = f"{info.architecture} {_size_label(info.n_params)} {info.quantization}"
+        print("| model                          |       size |     params | backend    | "
+              "threads |            test |                  t/s |")
+        print("| ------------------------------ | ---------: | ---------: | ---------- | "
+              "------: | --------------: | -------------------: |")
+        for r in results:
+            print(f"| {model:30s} | {info.file_bytes / 2**20:6.2f} MiB | "
+                  f"{info.n_params / 1e6:8.2f} M | {'CPU':10s} | {engine.threads:7d} | "
+                  f"{r.test:>15s} | {r.avg_ts:12.2f} ± {r.stddev_ts:5.2f} |")
+        print(f"\nllamatui, {os.path.basename(info.path)}")
+    finally:
+        engine.close()
+
+
+def _size_label(n_params: int) -> str:
+    return f"{n_params / 1e9:.1f}B" if n_params >= 1e9 else f"{n_params / 1e6:.0f}M"
