@@ -548,15 +548,31 @@ class GGUFWriter:
     def add_tensor(self, name: str, type_name: str, shape, data: np.ndarray) -> None:
         gtype = GGML_TYPES[type_name]
         shape = tuple(int(d) for d in shape)
-        n_elements = int(np.prod(shape, dtype=np.int64))
-        nbytes = n_elements // gtype.block_size * gtype.type_size
+        nbytes = int(np.prod(shape, dtype=np.int64)) // gtype.block_size * gtype.type_size
         data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         if shape[-1] % gtype.block_size or data.nbytes != nbytes:
             raise ValueError(f"tensor {name!r}: {data.nbytes} bytes do not hold {type_name} "
                              f"data of shape {shape} ({nbytes} bytes expected)")
+        t = self._declare(name, type_name, shape)
+        t.data = data
+        self.tensors.append(t)
+
+    def add_tensor_info(self, name: str, type_name: str, shape) -> None:
+        """Declares a tensor whose bytes are produced while writing: `write(tensor_source=...)`
+        asks for them in declaration order, so a whole model never has to sit in memory."""
+        self.tensors.append(self._declare(name, type_name, shape))
+
+    def _declare(self, name: str, type_name: str, shape) -> _TensorToWrite:
+        gtype = GGML_TYPES[type_name]
+        shape = tuple(int(d) for d in shape)
+        n_elements = int(np.prod(shape, dtype=np.int64))
+        nbytes = n_elements // gtype.block_size * gtype.type_size
+        if shape[-1] % gtype.block_size:
+            raise ValueError(f"tensor {name!r}: rows of {shape[-1]} values cannot hold "
+                             f"{type_name} blocks of {gtype.block_size}")
         if any(t.name == name for t in self.tensors):
             raise ValueError(f"duplicate tensor name {name!r}")
-        self.tensors.append(_TensorToWrite(name, gtype, shape, data, nbytes))
+        return _TensorToWrite(name, gtype, shape, None, nbytes)
 
     def _header(self) -> bytes:
         parts = [GGUF_MAGIC, struct.pack("<IQQ", self.version, len(self.tensors),
@@ -572,11 +588,18 @@ class GGUFWriter:
             offset += _padding(t.nbytes, self.alignment) + t.nbytes
         return b"".join(parts)
 
-    def write(self, progress=None) -> None:
-        """Writes the file. `progress(done_bytes, total_bytes)` is called as tensors are written."""
+    def write(self, progress=None, tensor_source=None) -> None:
+        """Writes the file. `progress(done_bytes, total_bytes)` is called as tensors are written.
+        `tensor_source(name)` gives the bytes of each tensor declared with `add_tensor_info`: one
+        array (or bytes), or an iterable of them written one after the other."""
+        pending = [t.name for t in self.tensors if t.data is None]
+        if pending and tensor_source is None:
+            raise ValueError(f"no tensor_source for the tensors declared without data: "
+                             f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''}")
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=".gguf", dir=directory)
         try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
             with os.fdopen(fd, "wb") as f:
                 header = self._header()
                 f.write(header)
@@ -584,7 +607,10 @@ class GGUFWriter:
                 total = sum(t.nbytes for t in self.tensors)
                 done = 0
                 for t in self.tensors:
-                    f.write(memoryview(t.data))
+                    if t.data is not None:
+                        f.write(memoryview(t.data))
+                    else:
+                        _write_chunks(f, t, tensor_source(t.name))
                     f.write(b"\0" * _padding(t.nbytes, self.alignment))
                     done += t.nbytes
                     if progress:
@@ -598,6 +624,31 @@ class GGUFWriter:
             except FileNotFoundError:
                 pass
             raise
+
+
+def _write_chunks(f, t: _TensorToWrite, source) -> None:
+    """Writes a tensor's bytes from `source` (a buffer or an iterable of buffers), checking that
+    they add up to exactly the declared size."""
+    if isinstance(source, (bytes, bytearray, memoryview, np.ndarray)):
+        source = (source,)
+    written = 0
+    for chunk in source:
+        view = memoryview(np.ascontiguousarray(chunk).view(np.uint8).reshape(-1)) \
+            if isinstance(chunk, np.ndarray) else memoryview(chunk).cast("B")
+        if written + view.nbytes > t.nbytes:
+            raise ValueError(f"tensor {t.name!r}: more than the {t.nbytes} bytes its "
+                             f"{t.ggml_type.name} shape {t.shape} holds")
+        f.write(view)
+        written += view.nbytes
+    if written != t.nbytes:
+        raise ValueError(f"tensor {t.name!r}: got {written} bytes, its {t.ggml_type.name} shape "
+                         f"{t.shape} needs {t.nbytes}")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _padding(n: int, alignment: int) -> int:
