@@ -599,7 +599,7 @@ class GGUFWriter:
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=".gguf", dir=directory)
         try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
             with os.fdopen(fd, "wb") as f:
                 header = self._header()
                 f.write(header)
@@ -645,10 +645,14 @@ def _write_chunks(f, t: _TensorToWrite, source) -> None:
                          f"{t.shape} needs {t.nbytes}")
 
 
-def _umask() -> int:
+def _read_umask() -> int:
+    # Reading the umask means setting it; done once at import, before any worker threads exist.
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()
 
 
 def _padding(n: int, alignment: int) -> int:
