@@ -1,0 +1,428 @@
+"""A tiny SIMD vocabulary for numba: 16-lane float32 / int32 vectors as first-class values.
+
+Why: LLVM's loop vectorizer does badly on block-quantized rows. The inner loops are short (16 or 32
+elements) with constant trip counts, so LLVM unrolls them first and then vectorizes the *block*
+loop with gathers; and numba widens every small-integer operation to int64, which turns nibble
+unpacking into 8-lane code. With explicit `<16 x float>` / `<16 x i32>` values the kernels read
+like ggml's AVX code: one 16-byte load, mask/shift, convert, fused multiply-add.
+
+Everything here is generic LLVM IR (no x86 intrinsics): on an AVX-512 machine a vector is one
+zmm register, on AVX2 LLVM splits it into two ymm, elsewhere into what the target has.
+
+Loads take an array and a *flat element index* and do no bounds or wrap-around checks: callers
+validate shapes before entering a kernel. Arrays must be C-contiguous.
+
+Exactness: `vmul`, `vadd`, `vsub` are plain IEEE operations (no fast-math flags, so LLVM never fuses
+them into an FMA); dequantization written with them reproduces ggml's float32 results bit for bit.
+`vfma` is `llvm.fmuladd` (fused where the target has FMA), used only for dot-product accumulation.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic, models, register_model
+
+LANES = 16
+_f32 = ir.FloatType()
+_i64 = ir.IntType(64)
+_i32 = ir.IntType(32)
+_i16 = ir.IntType(16)
+_i8 = ir.IntType(8)
+_VF = ir.VectorType(_f32, LANES)
+_VI = ir.VectorType(_i32, LANES)
+_VB = ir.VectorType(_i8, LANES)
+
+
+class F32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="F32x16")
+
+
+class I32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="I32x16")
+
+
+f32x16 = F32x16()
+i32x16 = I32x16()
+
+
+@register_model(F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VF)
+
+
+@register_model(I32x16)
+class _I32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VI)
+
+
+def _elem_ptr(context, builder, aty, arr, idx):
+    a = context.make_array(aty)(context, builder, arr)
+    return builder.gep(a.data, [idx], inbounds=True)
+
+
+def _load(context, builder, aty, arr, idx, ty, align):
+    p = _elem_ptr(context, builder, aty, arr, idx)
+    return builder.load(builder.bitcast(p, ty.as_pointer()), align=align, typ=ty)
+
+
+def _splat(builder, val, vty):
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, val, ir.Constant(_i32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(_VI, [0] * LANES))
+
+
+def _is_u8_array(arr):
+    return isinstance(arr, types.Array) and arr.dtype == types.uint8
+
+
+# ------------------------------------------------------------------ scalar loads from byte arrays
+
+def _scalar_loader(ty, convert, restype):
+    @intrinsic
+    def load(typingctx, arr, idx):
+        if not _is_u8_array(arr):
+            return None
+
+        def cg(context, builder, sig, args):
+            return convert(builder, _load(context, builder, sig.args[0], args[0], args[1], ty, 1))
+        return restype(arr, types.intp), cg
+    return load
+
+
+ld_u8 = _scalar_loader(_i8, lambda b, v: b.zext(v, _i64), types.int64)
+ld_i8 = _scalar_loader(_i8, lambda b, v: b.sext(v, _i64), types.int64)
+ld_u16 = _scalar_loader(_i16, lambda b, v: b.zext(v, _i64), types.int64)
+ld_u32 = _scalar_loader(_i32, lambda b, v: b.zext(v, _i64), types.int64)
+ld_f16 = _scalar_loader(_i16, lambda b, v: b.fpext(b.bitcast(v, ir.HalfType()), _f32), types.float32)
+ld_u8.__doc__ = "byte at arr.flat[idx] as int64 (unsigned)"
+ld_i8.__doc__ = "byte at arr.flat[idx] as int64 (signed)"
+ld_u16.__doc__ = "little-endian uint16 at byte idx, unaligned, as int64"
+ld_u32.__doc__ = "little-endian uint32 at byte idx, unaligned, as int64"
+ld_f16.__doc__ = "little-endian IEEE half at byte idx, as float32"
+
+
+@intrinsic
+def ld(typingctx, arr, idx):
+    """arr.flat[idx] without bounds or wrap-around checks"""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def cg(context, builder, sig, args):
+        return builder.load(_elem_ptr(context, builder, sig.args[0], args[0], args[1]))
+    return arr.dtype(arr, types.intp), cg
+
+
+# ------------------------------------------------------------------ float vectors
+
+@intrinsic
+def vzero(typingctx):
+    def cg(context, builder, sig, args):
+        return ir.Constant(_VF, [0.0] * LANES)
+    return f32x16(), cg
+
+
+@intrinsic
+def vbcast(typingctx, s):
+    """all lanes = s (float32)"""
+    def cg(context, builder, sig, args):
+        return _splat(builder, args[0], _VF)
+    return f32x16(types.float32), cg
+
+
+@intrinsic
+def vload(typingctx, arr, idx):
+    """arr.flat[idx : idx + 16] of a float32 array"""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _load(context, builder, sig.args[0], args[0], args[1], _VF, 4)
+    return f32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vstore(typingctx, arr, idx, v):
+    """arr.flat[idx : idx + 16] = v for a float32 array"""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _VF.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, f32x16), cg
+
+
+def _fbinary(op, doc):
+    @intrinsic
+    def f(typingctx, a, b):
+        def cg(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return f32x16(f32x16, f32x16), cg
+    f.__doc__ = doc
+    return f
+
+
+vadd = _fbinary("fadd", "a + b (IEEE, never fused)")
+vsub = _fbinary("fsub", "a - b (IEEE, never fused)")
+vmul = _fbinary("fmul", "a * b (IEEE, never fused)")
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c, fused where the target has FMA"""
+    def cg(context, builder, sig, args):
+        fnty = ir.FunctionType(_VF, [_VF, _VF, _VF])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fmuladd.v16f32")
+        return builder.call(fn, args)
+    return f32x16(f32x16, f32x16, f32x16), cg
+
+
+@intrinsic
+def vsum(typingctx, v):
+    """horizontal sum of the 16 lanes (pairwise tree) as float32"""
+    def cg(context, builder, sig, args):
+        v = args[0]
+        n = LANES
+        while n > 1:
+            h = n // 2
+            mask_t = ir.VectorType(_i32, h)
+            lo = builder.shuffle_vector(v, v, ir.Constant(mask_t, list(range(h))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(mask_t, list(range(h, n))))
+            v = builder.fadd(lo, hi)
+            n = h
+        return builder.extract_element(v, ir.Constant(_i32, 0))
+    return types.float32(f32x16), cg
+
+
+@intrinsic
+def vf16(typingctx, arr, idx):
+    """16 little-endian halfs starting at byte idx of a uint8 array, as float32 (exact)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        vh = ir.VectorType(ir.HalfType(), LANES)
+        return builder.fpext(_load(context, builder, sig.args[0], args[0], args[1], vh, 1), _VF)
+    return f32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vbf16(typingctx, arr, idx):
+    """16 little-endian bfloat16 starting at byte idx of a uint8 array, as float32 (exact)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        vh = ir.VectorType(_i16, LANES)
+        h = _load(context, builder, sig.args[0], args[0], args[1], vh, 1)
+        bits = builder.shl(builder.zext(h, _VI), _splat(builder, ir.Constant(_i32, 16), _VI))
+        return builder.bitcast(bits, _VF)
+    return f32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vf32b(typingctx, arr, idx):
+    """16 little-endian float32 starting at byte idx of a uint8 array"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _load(context, builder, sig.args[0], args[0], args[1], _VF, 1)
+    return f32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vlut(typingctx, table, a):
+    """table[a[i]] per lane, for a float32 table (a gather; indices must be in range)"""
+    if not (isinstance(table, types.Array) and table.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        t = context.make_array(sig.args[0])(context, builder, args[0])
+        v64 = ir.VectorType(_i64, LANES)
+        base = _splat(builder, builder.ptrtoint(t.data, _i64), v64)
+        off = builder.mul(builder.zext(args[1], v64), _splat(builder, ir.Constant(_i64, 4), v64))
+        ptrs = builder.inttoptr(builder.add(base, off), ir.VectorType(_f32.as_pointer(), LANES))
+        mask_t = ir.VectorType(ir.IntType(1), LANES)
+        fnty = ir.FunctionType(_VF, [ptrs.type, _i32, mask_t, _VF])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.gather.v16f32.v16p0")
+        return builder.call(fn, [ptrs, ir.Constant(_i32, 4), ir.Constant(mask_t, [1] * LANES),
+                                 ir.Constant(_VF, ir.Undefined)])
+    return f32x16(table, i32x16), cg
+
+
+# ------------------------------------------------------------------ int32 vectors
+
+@intrinsic
+def vu8(typingctx, arr, idx):
+    """16 bytes at arr.flat[idx] of a uint8 array, zero-extended to int32 lanes"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        return builder.zext(_load(context, builder, sig.args[0], args[0], args[1], _VB, 1), _VI)
+    return i32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vi8(typingctx, arr, idx):
+    """16 bytes at arr.flat[idx] of a uint8 array read as int8, sign-extended to int32 lanes"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        return builder.sext(_load(context, builder, sig.args[0], args[0], args[1], _VB, 1), _VI)
+    return i32x16(arr, types.intp), cg
+
+
+def _ibinary(op, doc):
+    @intrinsic
+    def f(typingctx, a, b):
+        def cg(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return i32x16(i32x16, i32x16), cg
+    f.__doc__ = doc
+    return f
+
+
+viand = _ibinary("and_", "a & b")
+vior = _ibinary("or_", "a | b")
+visub = _ibinary("sub", "a - b")
+vishrv = _ibinary("lshr", "a >> b per lane (logical)")
+
+
+def _ishift(op, doc):
+    @intrinsic
+    def f(typingctx, a, n):
+        def cg(context, builder, sig, args):
+            return getattr(builder, op)(args[0], _splat(builder, builder.trunc(args[1], _i32), _VI))
+        return i32x16(i32x16, types.intp), cg
+    f.__doc__ = doc
+    return f
+
+
+vishr = _ishift("lshr", "a >> n (logical, n scalar)")
+vishl = _ishift("shl", "a << n (n scalar)")
+
+
+@intrinsic
+def vibcast(typingctx, s):
+    """all lanes = s (truncated to int32)"""
+    def cg(context, builder, sig, args):
+        return _splat(builder, builder.trunc(args[0], _i32), _VI)
+    return i32x16(types.intp), cg
+
+
+@intrinsic
+def viota(typingctx):
+    """lanes 0, 1, ..., 15"""
+    def cg(context, builder, sig, args):
+        return ir.Constant(_VI, list(range(LANES)))
+    return i32x16(), cg
+
+
+@intrinsic
+def vcvt(typingctx, a):
+    """int32 lanes to float32 (exact for |a| < 2**24)"""
+    def cg(context, builder, sig, args):
+        return builder.sitofp(args[0], _VF)
+    return f32x16(i32x16), cg
+
+
+# ------------------------------------------------------------------ 4 x 4 output tiles
+
+def _merge(builder, u, v, width):
+    """u, v hold 16 / width groups of `width` partial sums each; returns one vector with
+    32 / width groups of width / 2 (pairs of lanes added), u's groups first."""
+    h = width // 2
+    lo, hi = [], []
+    for base in (0, LANES):
+        for g in range(0, LANES, width):
+            lo += [base + g + i for i in range(h)]
+            hi += [base + g + h + i for i in range(h)]
+    a = builder.shuffle_vector(u, v, ir.Constant(_VI, lo))
+    b = builder.shuffle_vector(u, v, ir.Constant(_VI, hi))
+    return builder.fadd(a, b)
+
+
+@intrinsic
+def vreduce16(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
+    """lane i of the result = horizontal sum of a_i (a transpose-and-add tree, 45 instructions)"""
+    def cg(context, builder, sig, args):
+        level = list(args)
+        width = LANES
+        while len(level) > 1:
+            level = [_merge(builder, level[i], level[i + 1], width) for i in range(0, len(level), 2)]
+            width //= 2
+        return level[0]
+    return f32x16(*([f32x16] * 16)), cg
+
+
+def _store_quads(context, builder, aty, arr, idx, stride, v, accumulate, n_quads):
+    a = context.make_array(aty)(context, builder, arr)
+    v4 = ir.VectorType(_f32, 4)
+    acc = builder.icmp_unsigned("!=", accumulate, ir.Constant(accumulate.type, 0))
+    for j in range(n_quads):
+        lanes = ir.Constant(ir.VectorType(_i32, 4), [4 * j + i for i in range(4)])
+        part = builder.shuffle_vector(v, v, lanes)
+        off = builder.add(idx, builder.mul(stride, ir.Constant(_i64, j)))
+        p = builder.bitcast(builder.gep(a.data, [off], inbounds=True), v4.as_pointer())
+        old = builder.load(p, align=4, typ=v4)
+        builder.store(builder.select(acc, builder.fadd(old, part), part), p, align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def vstore4x4(typingctx, arr, idx, stride, v, accumulate):
+    """arr.flat[idx + j * stride + i] (+)= v[4j + i] for i, j < 4 (float32 array); adds to the
+    values there when `accumulate`"""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _store_quads(context, builder, sig.args[0], args[0], args[1], args[2], args[3], args[4], 4)
+    return types.void(arr, types.intp, types.intp, f32x16, types.boolean), cg
+
+
+@intrinsic
+def vstore4(typingctx, arr, idx, v, accumulate):
+    """arr.flat[idx + i] (+)= v[i] for i < 4 (float32 array); adds when `accumulate`"""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _store_quads(context, builder, sig.args[0], args[0], args[1], ir.Constant(_i64, 0),
+                            args[2], args[3], 1)
+    return types.void(arr, types.intp, f32x16, types.boolean), cg
+
+
+# ------------------------------------------------------------------ numba's thread count
+
+# numba's own `get_num_threads` / `set_num_threads` overloads use ctypes globals, which stop a
+# function from being cached; these call the same thread-local C setters of the threading layer by
+# the symbol names numba registers for them (as its parfor code does), so they cache.
+
+@intrinsic
+def threads_get(typingctx):
+    """numba's thread count for the calling thread (what a prange would use)"""
+    def cg(context, builder, sig, args):
+        # declared exactly as numba's parfor lowering declares it (it returns a C int)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_i64, []), "get_num_threads")
+        return builder.sext(builder.trunc(builder.call(fn, []), _i32), _i64)
+    return types.intp(), cg
+
+
+@intrinsic
+def threads_set(typingctx, n):
+    """set numba's thread count for the calling thread (1 <= n <= numba.config.NUMBA_NUM_THREADS)"""
+    def cg(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_i32]),
+                                            "set_num_threads")
+        builder.call(fn, [builder.trunc(args[0], _i32)])
+        return context.get_dummy_value()
+    return types.void(types.intp), cg
