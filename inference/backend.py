@@ -1,0 +1,123 @@
+"""The backend seam: every kernel the layer loop runs goes through one of these methods.
+
+A backend prepares weights once (`weight` for matrices, `vector` for norms and biases) and then
+computes on its own arrays. The model asks for a backend per layer (`Model.layer_backends`), and
+moves activations between backends with `take`, so another backend (CuPy, for llama.cpp's
+`-ngl`) can run the first N layers without the architecture code changing.
+
+`CPUBackend` runs on numpy/numba: quantized matrix products through `llamatui.inference.matmul`
+(K-quant and legacy kernels working on the GGUF bytes in place), the rest through `ops`.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from . import ops
+from .ggml_types import GGML_TYPES
+from .matmul import embedding_rows, matmul
+
+
+class QWeight:
+    """A weight matrix as stored in the GGUF file: `type` (ggml name), `rows` (uint8, one row of
+    blocks per output: (n_out, row_bytes), zero-copy), `n_out`, `n_in`."""
+
+    __slots__ = ("name", "type", "rows", "n_out", "n_in")
+
+    def __init__(self, name: str, type_name: str, rows: np.ndarray, n_out: int, n_in: int):
+        self.name, self.type, self.rows = name, type_name, rows
+        self.n_out, self.n_in = int(n_out), int(n_in)
+
+    @classmethod
+    def from_tensor(cls, tensor) -> "QWeight":
+        shape = tuple(tensor.shape)
+        if len(shape) != 2:
+            raise ValueError(f"{tensor.name}: a weight matrix needs 2 dimensions, has {shape}")
+        n_out, n_in = shape
+        row_bytes = GGML_TYPES[tensor.type].row_bytes(n_in)
+        rows = np.asarray(tensor.data).view(np.uint8).reshape(n_out, row_bytes)
+        return cls(tensor.name, tensor.type, rows, n_out, n_in)
+
+    def __repr__(self):
+        return f"QWeight({self.name!r}, {self.type}, {self.n_out}x{self.n_in})"
+
+
+class CPUBackend:
+    """numpy/numba kernels on the host."""
+
+    name = "cpu"
+
+    def __init__(self, n_threads: int | None = None):
+        if n_threads is not None:
+            numba.set_num_threads(max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS)))
+        self._rope_cache: dict = {}
+
+    # ---------------------------------------------------------------- weights and data
+
+    def weight(self, tensor) -> QWeight:
+        """A 2-D GGUF tensor prepared for `matmul` / `get_rows` (no copy on the CPU)."""
+        return QWeight.from_tensor(tensor)
+
+    def vector(self, tensor) -> np.ndarray:
+        """A 1-D tensor (norm weight, bias) as float32."""
+        return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32).reshape(-1)
+
+    def take(self, x) -> np.ndarray:
+        """An activation array from any backend, here."""
+        return np.asarray(x, dtype=np.float32)
+
+    def to_host(self, x) -> np.ndarray:
+        """One of this backend's arrays as a numpy array."""
+        return np.asarray(x)
+
+    # ---------------------------------------------------------------- kernels
+
+    def get_rows(self, w: QWeight, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of `w`, float32 (n, n_in) (the token embedding lookup)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.n_out):
+            raise ValueError(f"{w}: row id out of range [0, {w.n_out})")
+        return embedding_rows(w.type, w.rows, ids)
+
+    def matmul(self, w: QWeight, x: np.ndarray) -> np.ndarray:
+        """x (n, n_in) float32 times wᵀ: (n, n_out)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != w.n_in:
+            raise ValueError(f"matmul {w}: input of shape {x.shape}")
+        return matmul(w.type, w.rows, x)
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        """RMS norm over the last axis, times `w`."""
+        return ops.rms_norm(x, w, eps)
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, spec: ops.RopeSpec) -> np.ndarray:
+        """x (n, n_head, head_dim) rotated for positions `pos`; may rotate x in place."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        key = (spec.key(), np.asarray(pos).tobytes())
+        tables = self._rope_cache.get(key)
+        if tables is None:
+            if len(self._rope_cache) > 8:
+                self._rope_cache.clear()
+            tables = self._rope_cache[key] = spec.tables(pos)
+        return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+                  scale: float) -> np.ndarray:
+        """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
+        k and v come from the cache: float32, or uint16 fp16 bit patterns."""
+        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return ops.swiglu(gate, up)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return ops.geglu(gate, up)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.add(a, b, dtype=np.float32)
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return np.multiply(x, np.float32(s), dtype=np.float32)
+
+    def __repr__(self):
+        return f"CPUBackend(threads={numba.get_num_threads()})"

@@ -1,0 +1,268 @@
+"""The KV cache: n_ctx cells allocated once, shared by up to n_seq_max sequences.
+
+Like llama.cpp's unified cache (src/llama-kv-cache.cpp, llama-kv-cells.h), every cell holds one
+position and the set of sequences it belongs to; a cell with no sequence is free. K and V rows of
+every layer live at the cell's index, stored as
+
+- ``f32``: float32 rows,
+- ``f16`` (default): fp16 rows (round to nearest even on write),
+- ``q8_0``: Q8_0 blocks, quantized on write like ggml's quantize_row_q8_0_ref (roundf) and
+  dequantized on read.
+
+Attention masks by position and sequence (and by window on sliding-window layers), so sequences
+share the cells freely. `seq_add` shifts positions and re-ropes the stored K by the shift, as
+llama.cpp's K-shift does (a rotation by `delta` with the layer's RoPE parameters), so a shifted
+sequence continues as if its tokens had been evaluated at their new positions.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import ops
+
+CACHE_TYPES = ("f32", "f16", "q8_0")
+
+
+class KVCacheFullError(RuntimeError):
+    """No room in the cache for a batch (as llama_decode's return value 1)."""
+
+
+def _check_type(name: str) -> str:
+    t = str(name).lower()
+    if t not in CACHE_TYPES:
+        raise ValueError(f"unsupported KV cache type {name!r}; supported: {', '.join(CACHE_TYPES)}")
+    return t
+
+
+class _Store:
+    """The rows of one tensor (K or V of one layer) for all cells, in one storage type."""
+
+    def __init__(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
+        self.type = type_name
+        self.n_head, self.head_dim = n_head, head_dim
+        self.row = n_head * head_dim
+        if type_name == "f32":
+            self.data = np.zeros((n_ctx, self.row), np.float32)
+        elif type_name == "f16":
+            self.data = np.zeros((n_ctx, self.row), np.uint16)
+        else:
+            if self.row % ops.QK8_0:
+                raise ValueError(f"q8_0 cache: a row of {self.row} values is not a whole number "
+                                 f"of {ops.QK8_0}-value blocks")
+            self.data = np.zeros((n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8)
+
+    def write(self, cells: np.ndarray, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32).reshape(len(cells), self.row)
+        if self.type == "f32":
+            self.data[cells] = x
+        elif self.type == "f16":
+            self.data[cells] = ops.f32_to_f16_bits(x)
+        else:
+            self.data[cells] = ops.quantize_q8_0_rows(x)
+
+    def read(self, n: int) -> np.ndarray:
+        """Cells [0, n) as (n, n_head, head_dim) for attention: float32 (a view for f32), or the
+        fp16 bit patterns themselves (uint16 view) for f16."""
+        if self.type == "f16":
+            return self.data[:n].reshape(n, self.n_head, self.head_dim)
+        return self.read_f32(n)
+
+    def read_f32(self, n: int) -> np.ndarray:
+        """float32 (n, n_head, head_dim) of cells [0, n); a view for f32."""
+        return self._decode(self.data[:n]).reshape(n, self.n_head, self.head_dim)
+
+    def read_cells(self, cells: np.ndarray) -> np.ndarray:
+        return self._decode(self.data[cells]).reshape(len(cells), self.n_head, self.head_dim)
+
+    def _decode(self, raw: np.ndarray) -> np.ndarray:
+        if self.type == "f32":
+            return raw
+        if self.type == "f16":
+            return ops.f16_bits_to_f32(raw)
+        return ops.dequantize_q8_0_rows(raw, self.row)
+
+
+class KVCache:
+    """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
+
+    layer_rope: one `ops.RopeSpec` per layer, used to re-rope K when positions are shifted
+    (`seq_add`); without it, shifting raises.
+    """
+
+    def __init__(self, n_ctx: int, n_layer: int, n_head_kv: int, head_dim_k: int,
+                 head_dim_v: int | None = None, type_k: str = "f16", type_v: str = "f16",
+                 n_seq_max: int = 1, layer_rope: Sequence[ops.RopeSpec] | None = None):
+        if n_ctx <= 0:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if n_seq_max <= 0:
+            raise ValueError(f"n_seq_max must be positive, got {n_seq_max}")
+        if layer_rope is not None and len(layer_rope) != n_layer:
+            raise ValueError(f"{len(layer_rope)} RoPE specs for {n_layer} layers")
+        head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
+        self._n_ctx = int(n_ctx)
+        self.n_layer = int(n_layer)
+        self.n_head_kv = int(n_head_kv)
+        self.head_dim_k, self.head_dim_v = int(head_dim_k), int(head_dim_v)
+        self.type_k, self.type_v = _check_type(type_k), _check_type(type_v)
+        self.n_seq_max = int(n_seq_max)
+        self.layer_rope = list(layer_rope) if layer_rope is not None else None
+        self.k = [_Store(self.type_k, self._n_ctx, n_head_kv, head_dim_k) for _ in range(n_layer)]
+        self.v = [_Store(self.type_v, self._n_ctx, n_head_kv, head_dim_v) for _ in range(n_layer)]
+        self.pos = np.full(self._n_ctx, -1, np.int32)  # -1: empty cell
+        self.seq = np.zeros((self._n_ctx, self.n_seq_max), np.bool_)
+
+    # ------------------------------------------------------------------ accounting
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def used_cells(self) -> int:
+        return int(np.count_nonzero(self.pos >= 0))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.data.nbytes for s in self.k) + sum(s.data.nbytes for s in self.v)
+
+    def n_kv(self) -> int:
+        """Cells the attention has to look at: one past the highest used cell."""
+        used = np.flatnonzero(self.pos >= 0)
+        return int(used[-1]) + 1 if used.size else 0
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seq[:] = False
+
+    # ------------------------------------------------------------------ slots for a batch
+
+    def find_slots(self, batch) -> np.ndarray:
+        """Free cells for the batch's tokens (lowest indices first), int64 (n_tokens,); changes
+        nothing. `batch` is a Batch or a token count. Raises KVCacheFullError."""
+        n = int(batch) if isinstance(batch, (int, np.integer)) else len(batch)
+        free = np.flatnonzero(self.pos < 0)
+        if free.size < n:
+            raise KVCacheFullError(f"KV cache full: {n} tokens need cells, {free.size} of "
+                                   f"{self._n_ctx} are free")
+        return free[:n].astype(np.int64)
+
+    def store_cells(self, cells: np.ndarray, positions: np.ndarray,
+                    seq_ids: Sequence[Sequence[int]]) -> None:
+        """Claims `cells` for tokens at `positions` belonging to `seq_ids` (one tuple per token)."""
+        cells = np.asarray(cells, dtype=np.int64)
+        if np.any(self.pos[cells] >= 0):
+            raise ValueError("store_cells: a cell is already in use")
+        for c, p, ids in zip(cells.tolist(), np.asarray(positions).tolist(), seq_ids):
+            self._check_seqs(ids)
+            self.pos[c] = p
+            self.seq[c, :] = False
+            self.seq[c, list(ids)] = True
+
+    def free_cells(self, cells: np.ndarray) -> None:
+        cells = np.asarray(cells, dtype=np.int64)
+        self.pos[cells] = -1
+        self.seq[cells] = False
+
+    def mask(self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int,
+             n_swa: int = 0) -> np.ndarray:
+        """KQ mask (n_tokens, n_kv): 0 / -inf; a token sees the cells of its (first) sequence at
+        positions ≤ its own, and within `n_swa` positions when n_swa > 0."""
+        return ops.build_kq_mask(self.pos, self.seq, positions, seq_ids, n_kv, n_swa)
+
+    # ------------------------------------------------------------------ K / V rows
+
+    def write(self, il: int, cells: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Stores the K and V rows of layer `il` for `cells`: (n, n_head_kv, head_dim)."""
+        self.k[il].write(cells, k)
+        self.v[il].write(cells, v)
+
+    def read(self, il: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
+        """K (n_kv, n_head_kv, head_dim_k) and V (n_kv, n_head_kv, head_dim_v) of layer `il`,
+        cells [0, n_kv), as attention takes them: float32, or uint16 fp16 bit patterns (zero-copy)
+        for an f16 cache."""
+        return self.k[il].read(n_kv), self.v[il].read(n_kv)
+
+    def read_f32(self, il: int, n_kv: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of layer `il`, cells [0, n_kv), as float32."""
+        return self.k[il].read_f32(n_kv), self.v[il].read_f32(n_kv)
+
+    # ------------------------------------------------------------------ sequences
+
+    def _check_seqs(self, ids) -> None:
+        for s in ids:
+            if not 0 <= s < self.n_seq_max:
+                raise ValueError(f"sequence id {s} out of range [0, {self.n_seq_max})")
+
+    def _range(self, seq_id: int, p0, p1) -> np.ndarray:
+        """Mask of used cells of `seq_id` (any sequence when < 0) with p0 ≤ pos < p1."""
+        p0 = 0 if p0 is None or p0 < 0 else p0
+        p1 = np.iinfo(np.int32).max if p1 is None or p1 < 0 else p1
+        sel = (self.pos >= p0) & (self.pos < p1) & (self.pos >= 0)
+        if seq_id >= 0:
+            self._check_seqs((seq_id,))
+            sel &= self.seq[:, seq_id]
+        return sel
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Removes `seq_id` (every sequence when < 0) from cells with p0 ≤ pos < p1 (negative
+        bounds: open); cells left without a sequence are freed."""
+        sel = self._range(seq_id, p0, p1)
+        if seq_id < 0:
+            self.seq[sel] = False
+        else:
+            self.seq[sel, seq_id] = False
+        self.pos[sel & ~self.seq.any(axis=1)] = -1
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Makes `dst` share the cells of `src` in [p0, p1)."""
+        self._check_seqs((dst,))
+        if src == dst:
+            return
+        self.seq[self._range(src, p0, p1), dst] = True
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Drops every sequence but `seq_id`; cells not in it are freed."""
+        self._check_seqs((seq_id,))
+        keep = self.seq[:, seq_id] & (self.pos >= 0)
+        self.seq[:] = False
+        self.seq[keep, seq_id] = True
+        self.pos[~keep] = -1
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Adds `delta` to the positions of `seq_id`'s cells in [p0, p1) and re-ropes their K;
+        cells pushed below position 0 are freed (as llama.cpp's pos_add)."""
+        if delta == 0 or (p0 is not None and p0 >= 0 and p0 == p1):
+            return
+        sel = np.flatnonzero(self._range(seq_id, p0, p1))
+        if sel.size == 0:
+            return
+        new_pos = self.pos[sel].astype(np.int64) + delta
+        gone = sel[new_pos < 0]
+        moved = sel[new_pos >= 0]
+        self.free_cells(gone)
+        if moved.size:
+            if self.layer_rope is None:
+                raise ValueError("seq_add: this cache has no RoPE parameters to re-rope K with")
+            self.pos[moved] = new_pos[new_pos >= 0]
+            shift = np.full(moved.size, delta, np.int64)
+            for il in range(self.n_layer):
+                k = np.ascontiguousarray(self.k[il].read_cells(moved))
+                self.layer_rope[il].apply(k, shift)
+                self.k[il].write(moved, k)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Highest position of `seq_id` in the cache, -1 when it has none."""
+        sel = self._range(seq_id, -1, -1)
+        return int(self.pos[sel].max()) if sel.any() else -1
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Lowest position of `seq_id` in the cache, -1 when it has none."""
+        sel = self._range(seq_id, -1, -1)
+        return int(self.pos[sel].min()) if sel.any() else -1
+
+    def __repr__(self):
+        return (f"KVCache(n_ctx={self._n_ctx}, used={self.used_cells}, k={self.type_k}, "
+                f"v={self.type_v}, n_seq_max={self.n_seq_max}, {self.nbytes / 2**20:.1f} MiB)")

@@ -1,0 +1,416 @@
+"""The transformer forward pass: hyperparameters from GGUF metadata, batches, the KV cache, and the
+architecture registry.
+
+    gguf = GGUFFile.open(path)
+    model = Model.load(gguf, n_ctx=2048)
+    logits = model.decode(Batch(prompt_ids))           # (1, n_vocab): the last token's row
+    logits = model.decode(Batch([next_id]))            # continues sequence 0 through the cache
+    all_rows = model.logits_for(token_ids)             # a fresh sequence, one row per token
+
+`decode` works like llama_decode: the batch's tokens go through every matrix product together (cut
+into micro-batches of `n_ubatch`), their K and V rows are written into free cells of the cache,
+and attention looks at every cell of the token's sequence up to its position (and within the
+sliding window on local layers). Only the rows that want logits leave the last layer.
+"""
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops
+from .backend import CPUBackend
+from .kv_cache import KVCache, KVCacheFullError
+
+__all__ = ["ARCHITECTURES", "Architecture", "Batch", "ForwardContext", "HParams",
+           "KVCacheFullError", "Model", "UnsupportedArchitectureError", "get_architecture",
+           "read_hparams"]
+
+ARCHITECTURES: dict[str, "Architecture"] = {}
+
+
+class UnsupportedArchitectureError(ValueError):
+    """A GGUF file whose `general.architecture` has no forward pass here."""
+
+    def __init__(self, arch):
+        self.arch = arch
+        super().__init__(f"unsupported model architecture {arch!r}; supported: "
+                         f"{', '.join(sorted(ARCHITECTURES))}")
+
+
+def register(arch: "Architecture") -> "Architecture":
+    ARCHITECTURES[arch.name] = arch
+    return arch
+
+
+def get_architecture(name) -> "Architecture":
+    try:
+        return ARCHITECTURES[name]
+    except (KeyError, TypeError):
+        raise UnsupportedArchitectureError(name) from None
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+
+_REQUIRED = object()
+
+
+def _meta(md: Mapping, key: str, default=_REQUIRED):
+    if key in md:
+        return md[key]
+    if default is _REQUIRED:
+        raise ValueError(f"GGUF metadata lacks {key!r}")
+    return default
+
+
+def _uniform(value, what: str) -> int:
+    """A per-model count that GGUF may give per layer (an array): all layers must agree."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        vals = {int(v) for v in value}
+        if len(vals) != 1:
+            raise ValueError(f"{what} differs between layers ({sorted(vals)}); not supported")
+        return vals.pop()
+    return int(value)
+
+
+@dataclass
+class HParams:
+    """What the forward pass needs to know about a model (llama_hparams)."""
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_rot: int
+    rms_eps: float
+    rope_neox: bool
+    rope_freq_base: float
+    rope_freq_scale: float = 1.0
+    rope_freq_factors: np.ndarray | None = None
+    n_swa: int = 0  # sliding window size; 0: none
+    swa_layers: tuple[bool, ...] = ()
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    attn_scale: float = 0.0  # 0: 1/sqrt(head_dim_k)
+    final_logit_softcap: float = 0.0
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.n_swa > 0 and self.swa_layers and self.swa_layers[il])
+
+    def layer_rope(self, il: int) -> ops.RopeSpec:
+        if self.is_swa(il):
+            return ops.RopeSpec(self.n_rot, self.rope_freq_base_swa, self.rope_freq_scale_swa,
+                                self.rope_neox, self.rope_freq_factors)
+        return ops.RopeSpec(self.n_rot, self.rope_freq_base, self.rope_freq_scale,
+                            self.rope_neox, self.rope_freq_factors)
+
+    @property
+    def kq_scale(self) -> float:
+        return self.attn_scale if self.attn_scale else 1.0 / math.sqrt(self.head_dim_k)
+
+
+def swa_pattern_layers(n_layer: int, n_pattern: int) -> tuple[bool, ...]:
+    """llama_hparams::set_swa_pattern: layer il is sliding-window when il % n < n - 1
+    (n = 0: every layer)."""
+    return tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer))
+
+
+def read_hparams(gguf, arch: str, *, rope_neox: bool) -> HParams:
+    """The hyperparameters every supported architecture shares, from `{arch}.*` metadata."""
+    md = gguf.metadata
+    p = arch + "."
+    n_embd = int(_meta(md, p + "embedding_length"))
+    n_layer = int(_meta(md, p + "block_count"))
+    n_head = _uniform(_meta(md, p + "attention.head_count"), "attention.head_count")
+    n_head_kv = _uniform(_meta(md, p + "attention.head_count_kv", n_head),
+                         "attention.head_count_kv")
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        raise ValueError(f"{n_head} attention heads cannot share {n_head_kv} KV heads")
+    head_dim_k = int(_meta(md, p + "attention.key_length", n_embd // n_head))
+    head_dim_v = int(_meta(md, p + "attention.value_length", head_dim_k))
+    tok = gguf.tensors.get("token_embd.weight")
+    if tok is None:
+        raise ValueError("the model has no token_embd.weight")
+    n_vocab = int(tok.shape[0])
+    scaling = str(_meta(md, p + "rope.scaling.type", "none")).lower()
+    factor = float(_meta(md, p + "rope.scaling.factor", 0.0) or
+                   _meta(md, p + "rope.scale_linear", 0.0) or 0.0)
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"RoPE scaling type {scaling!r} is not supported (only linear)")
+    freq_scale = 1.0 / factor if factor else 1.0
+    ff = None
+    if "rope_freqs.weight" in gguf.tensors:
+        ff = np.ascontiguousarray(gguf.tensors["rope_freqs.weight"].dequantize(),
+                                  dtype=np.float32).reshape(-1)
+    return HParams(
+        arch=arch, n_vocab=n_vocab,
+        n_ctx_train=int(_meta(md, p + "context_length", 2048)),
+        n_embd=n_embd, n_layer=n_layer,
+        n_ff=_uniform(_meta(md, p + "feed_forward_length"), "feed_forward_length"),
+        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v,
+        n_rot=int(_meta(md, p + "rope.dimension_count", head_dim_k)),
+        rms_eps=float(_meta(md, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_neox=rope_neox,
+        rope_freq_base=float(_meta(md, p + "rope.freq_base", 10000.0)),
+        rope_freq_scale=freq_scale, rope_freq_factors=ff,
+    )
+
+
+def tensor(gguf, name: str, optional: bool = False):
+    """The GGUF tensor `name`; None when absent and `optional`, else ValueError."""
+    t = gguf.tensors.get(name)
+    if t is None and not optional:
+        raise ValueError(f"the model lacks tensor {name!r}")
+    return t
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class Batch:
+    """Tokens to decode together (llama_batch).
+
+    tokens:  token ids.
+    pos:     positions, one per token; an int p0 for p0, p0+1, ...; None to continue each token's
+             sequence after its last position in the cache.
+    seq_ids: the sequences of each token: one int for all tokens, one int per token, or one
+             sequence of ints per token (a token may belong to several sequences).
+    logits:  which tokens want logits: None (the last one), True (all), False (none), or a bool
+             per token.
+    """
+
+    def __init__(self, tokens, pos=None, seq_ids=0, logits=None):
+        self.tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = self.tokens.size
+        if n == 0:
+            raise ValueError("an empty batch")
+        if pos is None:
+            self.pos = None
+        elif np.isscalar(pos):
+            self.pos = np.arange(int(pos), int(pos) + n, dtype=np.int64)
+        else:
+            self.pos = np.asarray(pos, dtype=np.int64).reshape(-1)
+            if self.pos.size != n:
+                raise ValueError(f"{self.pos.size} positions for {n} tokens")
+        if np.isscalar(seq_ids):
+            self.seq_ids = ((int(seq_ids),),) * n
+        else:
+            seq_ids = list(seq_ids)
+            if len(seq_ids) != n:
+                raise ValueError(f"{len(seq_ids)} sequence ids for {n} tokens")
+            self.seq_ids = tuple((int(s),) if np.isscalar(s) else tuple(int(x) for x in s)
+                                 for s in seq_ids)
+            if any(len(s) == 0 for s in self.seq_ids):
+                raise ValueError("a token without a sequence")
+        if logits is None:
+            self.logits = np.zeros(n, np.bool_)
+            self.logits[-1] = True
+        elif logits is True or logits is False:
+            self.logits = np.full(n, logits, np.bool_)
+        else:
+            self.logits = np.asarray(logits, dtype=np.bool_).reshape(-1)
+            if self.logits.size != n:
+                raise ValueError(f"{self.logits.size} logits flags for {n} tokens")
+
+    def __len__(self):
+        return int(self.tokens.size)
+
+    @property
+    def n_outputs(self) -> int:
+        return int(np.count_nonzero(self.logits))
+
+    def __repr__(self):
+        return f"Batch({len(self)} tokens, {self.n_outputs} outputs)"
+
+
+# ----------------------------------------------------------------------------- forward context
+
+
+class ForwardContext:
+    """One micro-batch on its way through the layers: token positions, the cells they were given,
+    the KQ masks, which rows leave the last layer; `attend` runs a layer's attention through the
+    cache."""
+
+    def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
+                 cells: np.ndarray, seq_first: np.ndarray, out_rows: np.ndarray):
+        self.model = model
+        self.hp = model.hparams
+        self.kv = model.kv
+        self.tokens = tokens
+        self.positions = positions
+        self.cells = cells
+        self.out_rows = out_rows
+        self.n_tokens = tokens.size
+        self.n_kv = self.kv.n_kv()
+        self._masks = {}
+        self._seq_first = seq_first
+
+    def backend(self, il: int):
+        """The backend that runs layer `il` (-1: input embedding, n_layer: output head)."""
+        return self.model.backend_for(il)
+
+    def mask(self, n_swa: int) -> np.ndarray:
+        m = self._masks.get(n_swa)
+        if m is None:
+            m = self._masks[n_swa] = self.kv.mask(self.positions, self._seq_first, self.n_kv,
+                                                  n_swa)
+        return m
+
+    def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               scale: float) -> np.ndarray:
+        """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
+        attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v)."""
+        be = self.backend(il)
+        self.kv.write(il, self.cells, be.to_host(k), be.to_host(v))
+        k_all, v_all = self.kv.read(il, self.n_kv)
+        n_swa = self.hp.n_swa if self.hp.is_swa(il) else 0
+        return be.attention(q, k_all, v_all, self.mask(n_swa), scale)
+
+
+class Architecture(ABC):
+    """One model family: its hyperparameters, its weights, its forward pass."""
+
+    name = ""
+
+    @abstractmethod
+    def hparams(self, gguf) -> HParams:
+        """The model's HParams from its GGUF metadata and tensors."""
+
+    @abstractmethod
+    def load_weights(self, gguf, hp: HParams, model: "Model"):
+        """The weights, each prepared by the backend of its layer (`model.backend_for(il)`)."""
+
+    @abstractmethod
+    def forward(self, ctx: ForwardContext, weights) -> np.ndarray:
+        """Logits float32 (len(ctx.out_rows), n_vocab) for the micro-batch."""
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class Model:
+    """A loaded model with its KV cache. `decode(batch)` → logits of the rows that asked."""
+
+    def __init__(self, gguf, arch: Architecture, hparams: HParams, kv: KVCache, backend,
+                 n_ubatch: int = 512, owns_file: bool = False):
+        self.gguf = gguf
+        self.arch = arch
+        self.hparams = hparams
+        self.kv = kv
+        self.backend = backend
+        # one backend per layer: a GPU backend may take the first layers (-ngl) later
+        self.layer_backends = [backend] * hparams.n_layer
+        self.n_ubatch = int(n_ubatch)
+        self._owns_file = owns_file
+        self.weights = arch.load_weights(gguf, hparams, self)
+
+    @classmethod
+    def load(cls, gguf_file, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
+             n_seq_max: int = 1, backend=None, n_ubatch: int = 512) -> "Model":
+        """A model from an open GGUFFile (or a path), with a KV cache of `n_ctx` cells (0: the
+        model's training context)."""
+        owns = False
+        if isinstance(gguf_file, (str, os.PathLike)):
+            from .gguf import GGUFFile
+            gguf_file = GGUFFile.open(gguf_file)
+            owns = True
+        arch = get_architecture(gguf_file.metadata.get("general.architecture"))
+        hp = arch.hparams(gguf_file)
+        n_ctx = int(n_ctx) if n_ctx and n_ctx > 0 else hp.n_ctx_train
+        kv = KVCache(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                     type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
+                     layer_rope=[hp.layer_rope(il) for il in range(hp.n_layer)])
+        return cls(gguf_file, arch, hp, kv, backend or CPUBackend(), n_ubatch, owns)
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self.kv.n_ctx
+
+    def backend_for(self, il: int):
+        if 0 <= il < len(self.layer_backends):
+            return self.layer_backends[il]
+        return self.backend
+
+    def close(self) -> None:
+        if self._owns_file:
+            self.gguf.close()
+
+    def __repr__(self):
+        hp = self.hparams
+        return (f"Model({hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, vocab {hp.n_vocab}, "
+                f"{self.kv!r})")
+
+    # ---------------------------------------------------------------- decoding
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Runs the batch; float32 (batch.n_outputs, n_vocab), rows in batch order. Raises
+        KVCacheFullError (cache unchanged) when there is no room."""
+        if not isinstance(batch, Batch):
+            batch = Batch(batch)
+        hp = self.hparams
+        n = len(batch)
+        if batch.tokens.min() < 0 or batch.tokens.max() >= hp.n_vocab:
+            raise ValueError(f"token id out of range [0, {hp.n_vocab})")
+        for ids in batch.seq_ids:
+            for s in ids:
+                if not 0 <= s < self.kv.n_seq_max:
+                    raise ValueError(f"sequence id {s} out of range [0, {self.kv.n_seq_max})")
+        positions = batch.pos if batch.pos is not None else self._continue_positions(batch)
+        if positions.min() < 0:
+            raise ValueError("negative position")
+        self.kv.find_slots(n)  # all or nothing: fail before touching the cache
+        seq_first = np.array([s[0] for s in batch.seq_ids], np.int64)
+        parts, claimed = [], []
+        try:
+            for u0 in range(0, n, self.n_ubatch):
+                u1 = min(n, u0 + self.n_ubatch)
+                cells = self.kv.find_slots(u1 - u0)
+                self.kv.store_cells(cells, positions[u0:u1], batch.seq_ids[u0:u1])
+                claimed.append(cells)
+                out_rows = np.flatnonzero(batch.logits[u0:u1])
+                ctx = ForwardContext(self, batch.tokens[u0:u1], positions[u0:u1], cells,
+                                     seq_first[u0:u1], out_rows)
+                parts.append(self.arch.forward(ctx, self.weights))
+        except BaseException:  # leave the cache as it was (an interrupted prompt, say)
+            for cells in claimed:
+                self.kv.free_cells(cells)
+            raise
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts, axis=0)
+
+    def _continue_positions(self, batch: Batch) -> np.ndarray:
+        nxt: dict[int, int] = {}
+        pos = np.empty(len(batch), np.int64)
+        for i, ids in enumerate(batch.seq_ids):
+            s = ids[0]
+            if s not in nxt:
+                nxt[s] = self.kv.seq_pos_max(s) + 1
+            pos[i] = nxt[s]
+            nxt[s] += 1
+        return pos
+
+    def logits_for(self, token_ids: Sequence[int], seq_id: int = 0) -> np.ndarray:
+        """Logits of every position of `token_ids` evaluated as a fresh sequence `seq_id` from
+        position 0 (its old cells are dropped first): float32 (len(token_ids), n_vocab)."""
+        self.kv.seq_rm(seq_id, -1, -1)
+        return self.decode(Batch(token_ids, pos=0, seq_ids=seq_id, logits=True))
+
+
+# The architectures register themselves; imported last because they use the pieces above.
+from . import arch_gemma3, arch_llama  # noqa: E402,F401

@@ -1,0 +1,495 @@
+"""Numeric kernels of the forward pass (CPU, numba), each following the ggml CPU op it replaces.
+
+- `rms_norm`: `y = x / sqrt(mean(x²) + eps) * w`, the sum of squares in float64 like ggml's
+  `ggml_float`, the rest in float32 (ggml_compute_forward_rms_norm_f32 then ggml_mul).
+- `rope_tables` / `rope_inplace`: ggml's rope cache (`theta = pos`, multiplied by
+  `theta_scale = base^(-2/n_dims)` step by step across pairs, `cos(freq_scale * theta / ff)`),
+  rotating consecutive pairs (NORM) or `(i, i + n_dims/2)` (NEOX); dims past `n_dims` are left as
+  they are.
+- `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` sums in float64.
+- `attention`: softmax(q·kᵀ·scale + mask)·v with grouped-query heads (query head `h` reads KV
+  head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting). A few query tokens
+  (decoding) go through one fused numba kernel that reads an f16 cache's bits directly and skips
+  masked cells; more (a prompt) through BLAS, a chunk of query rows at a time so the score matrix
+  stays small.
+- `build_kq_mask`: llama.cpp's KQ mask (0 or -inf) from the cells' positions and sequences:
+  a key is visible when its cell belongs to the token's first sequence, its position is not after
+  the token's, and (sliding window) `pos_q - pos_k < n_swa`.
+- `swiglu`: `silu(g) * u`; `geglu`: `gelu_tanh(g) * u` looked up in ggml's fp16 GELU table
+  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32.
+- f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
+
+The kernels are serial on purpose: next to the matrix products they are cheap, and a second
+parallel region per op would only fight the matmul kernels' threads for the cores.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+# ----------------------------------------------------------------------------- RMS norm
+
+
+@numba.njit(cache=True, nogil=True)
+def _rms_norm_rows(x, w, eps, out):
+    n_rows, d = x.shape
+    for r in range(n_rows):
+        s = 0.0
+        for i in range(d):
+            s += np.float64(x[r, i] * x[r, i])
+        mean = np.float32(s / d)
+        scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+        for i in range(d):
+            out[r, i] = (x[r, i] * scale) * w[i]
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """RMS-normalizes the last axis of `x` and multiplies by `w` (same length); new array."""
+    shape = x.shape
+    d = shape[-1]
+    if w.shape != (d,):
+        raise ValueError(f"rms_norm: weight of shape {w.shape} for rows of {d}")
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
+    out = np.empty_like(x2)
+    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
+    return out.reshape(shape)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+@numba.njit(cache=True, nogil=True)
+def _rope_tables(pos, half, theta_scale, freq_scale, freq_factors, cos_out, sin_out):
+    for t in range(pos.size):
+        theta = np.float32(pos[t])
+        for i in range(half):
+            th = freq_scale * (theta / freq_factors[i])
+            cos_out[t, i] = math.cos(th)
+            sin_out[t, i] = math.sin(th)
+            theta = theta * theta_scale
+
+
+def rope_tables(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
+                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, float32 (n_tokens, n_dims/2), for the rotation angles at `pos`."""
+    if n_dims <= 0 or n_dims % 2:
+        raise ValueError(f"rope: n_dims must be a positive even number, got {n_dims}")
+    half = n_dims // 2
+    pos = np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
+    if freq_factors is None:
+        ff = np.ones(half, np.float32)
+    else:
+        ff = np.ascontiguousarray(freq_factors, dtype=np.float32)
+        if ff.shape != (half,):
+            raise ValueError(f"rope: {ff.shape[0]} frequency factors for {half} pairs")
+    cos = np.empty((pos.size, half), np.float32)
+    sin = np.empty((pos.size, half), np.float32)
+    _rope_tables(pos, half, np.float32(theta_scale), np.float32(freq_scale), ff, cos, sin)
+    return cos, sin
+
+
+@numba.njit(cache=True, nogil=True)
+def _rope_apply(x, cos, sin, n_dims, neox):
+    n, n_head, _ = x.shape
+    half = n_dims // 2
+    for t in range(n):
+        for h in range(n_head):
+            for i in range(half):
+                c = cos[t, i]
+                s = sin[t, i]
+                if neox:
+                    j0 = i
+                    j1 = i + half
+                else:
+                    j0 = 2 * i
+                    j1 = 2 * i + 1
+                x0 = x[t, h, j0]
+                x1 = x[t, h, j1]
+                x[t, h, j0] = x0 * c - x1 * s
+                x[t, h, j1] = x0 * s + x1 * c
+
+
+def rope_inplace(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_dims: int,
+                 neox: bool) -> np.ndarray:
+    """Rotates `x` (n_tokens, n_head, head_dim), C-contiguous float32, in place; returns it."""
+    if x.ndim != 3 or x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise ValueError("rope: x must be C-contiguous float32 (n_tokens, n_head, head_dim)")
+    if n_dims > x.shape[2] or cos.shape != (x.shape[0], n_dims // 2):
+        raise ValueError(f"rope: tables {cos.shape} do not fit x {x.shape} with n_dims {n_dims}")
+    _rope_apply(x, cos, sin, n_dims, bool(neox))
+    return x
+
+
+# ----------------------------------------------------------------------------- softmax / attention
+
+
+@numba.njit(cache=True, nogil=True)
+def _softmax_masked(s, mask, scale):
+    # s: (B, n, n_kv) scores, mask: (n, n_kv)
+    b_count, n, n_kv = s.shape
+    for r in range(b_count * n):
+        b = r // n
+        t = r % n
+        mx = np.float32(-np.inf)
+        for j in range(n_kv):
+            v = s[b, t, j] * scale + mask[t, j]
+            s[b, t, j] = v
+            if v > mx:
+                mx = v
+        total = 0.0
+        for j in range(n_kv):
+            v = s[b, t, j]
+            if v == -np.inf:
+                s[b, t, j] = 0.0
+            else:
+                e = np.float32(math.exp(v - mx))
+                s[b, t, j] = e
+                total += np.float64(e)
+        inv = np.float32(1.0 / total)
+        for j in range(n_kv):
+            s[b, t, j] *= inv
+
+
+def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+    """Row softmax of `s * scale + mask` over the last axis, in place. s: (B, n, n_kv) float32
+    C-contiguous, mask: (n, n_kv) float32 (0 or -inf)."""
+    _softmax_masked(s, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+    return s
+
+
+# scores kept per chunk of query rows: n_head * rows * n_kv floats at most (~32 MiB)
+_ATTN_SCORE_BUDGET = 8 << 20
+
+
+# at most this many query tokens go through the fused kernel (decode); more through BLAS
+ATTN_FUSED_MAX_TOKENS = 8
+# query rows per BLAS chunk
+ATTN_CHUNK_TOKENS = 128
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+              scale: float) -> np.ndarray:
+    """q (n, n_head, d_k) float32; k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v) as float32
+    or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv).
+    Returns float32 (n, n_head * d_v)."""
+    n, n_head, d_k = q.shape
+    n_kv, n_head_kv, d_v = v.shape
+    if k.shape != (n_kv, n_head_kv, d_k) or mask.shape != (n, n_kv):
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape}, mask {mask.shape}")
+    if n_head % n_head_kv:
+        raise ValueError(f"attention: {n_head} query heads over {n_head_kv} KV heads")
+    mask = np.ascontiguousarray(mask, dtype=np.float32)
+    if n <= ATTN_FUSED_MAX_TOKENS:
+        out = np.empty((n, n_head, d_v), np.float32)
+        _attention_rows(np.ascontiguousarray(q, dtype=np.float32),
+                        np.ascontiguousarray(k).reshape(n_kv, n_head_kv * d_k),
+                        np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v),
+                        F16_TO_F32, mask, np.float32(scale), out)
+        return out.reshape(n, n_head * d_v)
+    if k.dtype == np.uint16:
+        k = f16_bits_to_f32(k.reshape(n_kv, -1)).reshape(k.shape)
+    if v.dtype == np.uint16:
+        v = f16_bits_to_f32(v.reshape(n_kv, -1)).reshape(v.shape)
+    grp = n_head // n_head_kv
+    kt = k.transpose(1, 2, 0)  # (n_head_kv, d_k, n_kv)
+    vh = v.transpose(1, 0, 2)  # (n_head_kv, n_kv, d_v)
+    out = np.empty((n, n_head, d_v), np.float32)
+    # chunks of query rows: bounded score memory, and (causal, sliding window) only the span of
+    # cells a chunk can see is multiplied; masked cells would contribute exact zeros anyway
+    chunk = max(1, min(ATTN_CHUNK_TOKENS, _ATTN_SCORE_BUDGET // max(1, n_head * n_kv)))
+    visible = mask == 0
+    for t0 in range(0, n, chunk):
+        t1 = min(n, t0 + chunk)
+        m = t1 - t0
+        cols = np.flatnonzero(visible[t0:t1].any(axis=0))
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, 1)
+        # (n_head_kv, grp * m, d_k): heads of one KV group stacked row-wise
+        qh = q[t0:t1].reshape(m, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(
+            n_head_kv, grp * m, d_k)
+        s = np.matmul(qh, kt[:, :, lo:hi])  # (n_head_kv, grp * m, hi - lo)
+        softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale)
+        o = np.matmul(s, vh[:, lo:hi])  # (n_head_kv, grp * m, d_v)
+        out[t0:t1] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(
+            m, n_head, d_v)
+    return out.reshape(n, n_head * d_v)
+
+
+def _load(a, i, j, lut):
+    """a[i, j] as float32: fp16 bit patterns (uint16) through `lut`, float32 as they are."""
+
+
+@overload(_load, inline="always")
+def _load_impl(a, i, j, lut):
+    if isinstance(a.dtype, types.Integer):
+        return lambda a, i, j, lut: lut[a[i, j]]
+    return lambda a, i, j, lut: a[i, j]
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _attention_rows(q, k, v, lut, mask, scale, out):
+    # q (n, H, D) f32; k (n_kv, Hkv*D), v (n_kv, Hkv*Dv) f32 or fp16 bits; out (n, H, Dv)
+    n, n_head, d_k = q.shape
+    n_kv = mask.shape[1]
+    d_v = out.shape[2]
+    n_head_kv = k.shape[1] // d_k
+    grp = n_head // n_head_kv
+    s = np.empty((grp, n_kv), np.float32)
+    row = np.empty(max(d_k, d_v), np.float32)
+    for t in range(n):
+        for g in range(n_head_kv):
+            h0 = g * grp
+            for j in range(n_kv):
+                if mask[t, j] == -np.inf:
+                    for r in range(grp):
+                        s[r, j] = -np.inf
+                    continue
+                for c in range(d_k):
+                    row[c] = _load(k, j, g * d_k + c, lut)
+                for r in range(grp):
+                    acc = np.float32(0.0)
+                    for c in range(d_k):
+                        acc += q[t, h0 + r, c] * row[c]
+                    s[r, j] = acc * scale + mask[t, j]
+            for r in range(grp):
+                mx = np.float32(-np.inf)
+                for j in range(n_kv):
+                    mx = max(mx, s[r, j])
+                total = 0.0
+                for j in range(n_kv):
+                    e = np.float32(math.exp(s[r, j] - mx))
+                    s[r, j] = e
+                    total += np.float64(e)
+                inv = np.float32(1.0 / total)
+                for j in range(n_kv):
+                    s[r, j] *= inv
+                for c in range(d_v):
+                    out[t, h0 + r, c] = 0.0
+            for j in range(n_kv):
+                if mask[t, j] == -np.inf:
+                    continue
+                for c in range(d_v):
+                    row[c] = _load(v, j, g * d_v + c, lut)
+                for r in range(grp):
+                    p = s[r, j]
+                    for c in range(d_v):
+                        out[t, h0 + r, c] += p * row[c]
+
+
+@numba.njit(cache=True, nogil=True)
+def _build_kq_mask(cell_pos, cell_seq, tok_pos, tok_seq, n_swa, out):
+    n, n_kv = out.shape
+    for t in range(n):
+        p1 = tok_pos[t]
+        s = tok_seq[t]
+        for j in range(n_kv):
+            p0 = cell_pos[j]
+            visible = p0 >= 0 and cell_seq[j, s] and p0 <= p1
+            if visible and n_swa > 0 and p1 - p0 >= n_swa:
+                visible = False
+            out[t, j] = 0.0 if visible else -np.inf
+
+
+def build_kq_mask(cell_pos: np.ndarray, cell_seq: np.ndarray, tok_pos: np.ndarray,
+                  tok_seq: np.ndarray, n_kv: int, n_swa: int = 0) -> np.ndarray:
+    """float32 (n_tokens, n_kv): 0 where token t may attend cell j, -inf elsewhere.
+    cell_pos (n_cells,) int32 (-1 = empty), cell_seq (n_cells, n_seq) bool, tok_pos/tok_seq (n,)."""
+    out = np.empty((len(tok_pos), n_kv), np.float32)
+    _build_kq_mask(cell_pos, cell_seq, np.ascontiguousarray(tok_pos, dtype=np.int64),
+                   np.ascontiguousarray(tok_seq, dtype=np.int64), int(n_swa), out)
+    return out
+
+
+# ----------------------------------------------------------------------------- gated activations
+
+
+@numba.njit(cache=True, nogil=True)
+def _swiglu(g, u, out):
+    n, d = g.shape
+    for r in range(n):
+        for i in range(d):
+            x = g[r, i]
+            out[r, i] = x / (np.float32(1.0) + np.float32(math.exp(-x))) * u[r, i]
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, float32, same shape (2-D)."""
+    g = np.ascontiguousarray(gate, dtype=np.float32)
+    u = np.ascontiguousarray(up, dtype=np.float32)
+    if g.shape != u.shape or g.ndim != 2:
+        raise ValueError(f"swiglu: gate {g.shape} and up {u.shape}")
+    out = np.empty_like(g)
+    _swiglu(g, u, out)
+    return out
+
+
+_GELU_COEF_A = np.float32(0.044715)
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+def _gelu_f16_table() -> np.ndarray:
+    """ggml_table_gelu_f16: for every fp16 bit pattern, fp16(gelu_tanh(x)), here as float32."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+            _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x)))
+        return y.astype(np.float16).astype(np.float32)
+
+
+_GELU_TABLE = _gelu_f16_table()
+
+
+@numba.njit(cache=True, nogil=True)
+def _geglu_table(g, g16, u, table, out):
+    n, d = g.shape
+    for r in range(n):
+        for i in range(d):
+            x = g[r, i]
+            if x <= -10.0:
+                out[r, i] = 0.0
+            elif x >= 10.0:
+                out[r, i] = x * u[r, i]
+            else:
+                out[r, i] = table[g16[r, i]] * u[r, i]
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up as ggml's CPU computes it (fp16 GELU table), float32 (2-D)."""
+    g = np.ascontiguousarray(gate, dtype=np.float32)
+    u = np.ascontiguousarray(up, dtype=np.float32)
+    if g.shape != u.shape or g.ndim != 2:
+        raise ValueError(f"geglu: gate {g.shape} and up {u.shape}")
+    g16 = g.astype(np.float16).view(np.uint16)  # round to nearest even, like F16C
+    out = np.empty_like(g)
+    _geglu_table(g, g16, u, _GELU_TABLE, out)
+    return out
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """Exact tanh-form GELU in float32 (reference for tests)."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(
+        _SQRT_2_OVER_PI * x * (np.float32(1.0) + _GELU_COEF_A * x * x)))
+
+
+# ----------------------------------------------------------------------------- f16 / Q8_0 rows
+
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
+    np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _f16_rows_to_f32(bits, lut, out):
+    n, d = bits.shape
+    for r in range(n):
+        for i in range(d):
+            out[r, i] = lut[bits[r, i]]
+
+
+def f16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """uint16 fp16 bit patterns (rows, d) -> float32 (rows, d)."""
+    out = np.empty(bits.shape, np.float32)
+    if bits.size:
+        _f16_rows_to_f32(bits, F16_TO_F32, out)
+    return out
+
+
+def f32_to_f16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> uint16 fp16 bit patterns, round to nearest even (GGML_FP32_TO_FP16)."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+
+
+QK8_0 = 32
+Q8_0_BLOCK_BYTES = 34
+
+
+def quantize_q8_0_rows(x: np.ndarray) -> np.ndarray:
+    """float32 (rows, d) -> Q8_0 bytes (rows, d/32*34), as ggml's quantize_row_q8_0_ref:
+    d = amax/127 stored as fp16, q = roundf(x * (1/d)) with the float32 d."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows, d = x.shape
+    if d % QK8_0:
+        raise ValueError(f"Q8_0: a row of {d} values is not a whole number of 32-blocks")
+    nb = d // QK8_0
+    xb = x.reshape(rows, nb, QK8_0)
+    amax = np.abs(xb).max(axis=2)
+    dd = amax / np.float32(127.0)
+    with np.errstate(divide="ignore"):
+        inv = np.where(dd != 0, np.float32(1.0) / dd, np.float32(0.0)).astype(np.float32)
+    v = (xb * inv[:, :, None]).astype(np.float64)
+    q = np.trunc(v + np.copysign(0.5, v)).astype(np.int8)  # roundf: half away from zero
+    out = np.empty((rows, nb, Q8_0_BLOCK_BYTES), np.uint8)
+    out[:, :, :2] = dd.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    out[:, :, 2:] = q.view(np.uint8)
+    return out.reshape(rows, nb * Q8_0_BLOCK_BYTES)
+
+
+@numba.njit(cache=True, nogil=True)
+def _dequantize_q8_0(raw, lut, out):
+    n, d = out.shape
+    nb = d // 32
+    for r in range(n):
+        for b in range(nb):
+            o = b * 34
+            scale = lut[np.uint16(raw[r, o]) | (np.uint16(raw[r, o + 1]) << np.uint16(8))]
+            for j in range(32):
+                q = np.int32(raw[r, o + 2 + j])
+                if q >= 128:
+                    q -= 256
+                out[r, b * 32 + j] = np.float32(q) * scale
+
+
+def dequantize_q8_0_rows(raw: np.ndarray, d: int) -> np.ndarray:
+    """Q8_0 bytes (rows, d/32*34) -> float32 (rows, d)."""
+    out = np.empty((raw.shape[0], d), np.float32)
+    if raw.shape[0]:
+        _dequantize_q8_0(raw, F16_TO_F32, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- RoPE parameters
+
+
+class RopeSpec:
+    """How one layer rotates Q and K: `n_dims` rotated dims per head, `freq_base`, `freq_scale`
+    (1/linear scaling factor), `neox` (pairs `(i, i + n_dims/2)` instead of `(2i, 2i+1)`) and
+    optional per-pair `freq_factors` (Llama 3.1's rope_freqs)."""
+
+    __slots__ = ("n_dims", "freq_base", "freq_scale", "neox", "freq_factors")
+
+    def __init__(self, n_dims: int, freq_base: float, freq_scale: float = 1.0, neox: bool = False,
+                 freq_factors: np.ndarray | None = None):
+        self.n_dims = int(n_dims)
+        self.freq_base = float(freq_base)
+        self.freq_scale = float(freq_scale)
+        self.neox = bool(neox)
+        self.freq_factors = None if freq_factors is None else np.ascontiguousarray(
+            freq_factors, dtype=np.float32)
+
+    def key(self) -> tuple:
+        ff = None if self.freq_factors is None else self.freq_factors.tobytes()
+        return (self.n_dims, self.freq_base, self.freq_scale, self.neox, ff)
+
+    def tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return rope_tables(pos, self.n_dims, self.freq_base, self.freq_scale, self.freq_factors)
+
+    def apply(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Rotates x (n_tokens, n_head, head_dim) in place for positions `pos`; returns it."""
+        cos, sin = self.tables(pos)
+        return rope_inplace(x, cos, sin, self.n_dims, self.neox)
+
+    def __eq__(self, other):
+        return isinstance(other, RopeSpec) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def __repr__(self):
+        kind = "neox" if self.neox else "norm"
+        ff = "" if self.freq_factors is None else ", freq_factors"
+        return (f"RopeSpec({self.n_dims}, base={self.freq_base:g}, scale={self.freq_scale:g}, "
+                f"{kind}{ff})")

@@ -1,0 +1,245 @@
+"""The forward pass against llama.cpp's logits, and decoding through the KV cache."""
+import math
+
+import numpy as np
+import pytest
+
+from llamatui.inference import ops
+from llamatui.inference.gguf import GGUFFile, GGUFWriter
+from llamatui.inference.kv_cache import KVCacheFullError
+from llamatui.inference.model import (ARCHITECTURES, Batch, Model, UnsupportedArchitectureError)
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    m = row.max()
+    return row - (m + math.log(np.exp(row - m).sum()))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    with GGUFFile.open(smollm2_path) as f:
+        yield Model.load(f, n_ctx=256)
+
+
+@pytest.fixture(scope="module")
+def gemma3(gemma3_path):
+    with GGUFFile.open(gemma3_path) as f:
+        yield Model.load(f, n_ctx=256)
+
+
+@pytest.fixture(scope="module")
+def smollm2_f32(smollm2_path):
+    with GGUFFile.open(smollm2_path) as f:
+        yield Model.load(f, n_ctx=128, cache_type_k="f32", cache_type_v="f32")
+
+
+@pytest.fixture(scope="module")
+def gemma3_f32(gemma3_path):
+    with GGUFFile.open(gemma3_path) as f:
+        yield Model.load(f, n_ctx=128, cache_type_k="f32", cache_type_v="f32")
+
+
+def _teacher_forced_figures(model, golden):
+    """(top-1 agreement on confident steps, confident step count, mean |Δ logprob of llama.cpp's
+    top-1|, step count) along llama.cpp's greedy runs."""
+    agree = confident = 0
+    diffs = []
+    for run in golden["greedy"]:
+        if run["steps"] is None:
+            continue
+        prompt, tokens = run["prompt_ids"], run["tokens"]
+        # one batch, logits only for the rows that predict a generated token
+        wanted = np.zeros(len(prompt) + len(tokens), bool)
+        wanted[len(prompt) - 1:len(prompt) - 1 + len(run["steps"])] = True
+        model.kv.clear()
+        logits = model.decode(Batch(prompt + tokens, pos=0, logits=wanted))
+        assert logits.shape == (len(run["steps"]), model.n_vocab)
+        for i, step in enumerate(run["steps"]):
+            lp = _log_softmax(logits[i])
+            (top1, top1_lp), (_, top2_lp) = step["top"][0], step["top"][1]
+            diffs.append(abs(lp[top1] - top1_lp))
+            if top1_lp - top2_lp >= 0.25:
+                confident += 1
+                agree += int(np.argmax(lp) == top1)
+    return agree / confident, confident, float(np.mean(diffs)), len(diffs)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_teacher_forced_matches_llama_cpp(which, request):
+    model = request.getfixturevalue(which)
+    golden = request.getfixturevalue(f"golden_{which}")
+    agreement, confident, mean_diff, steps = _teacher_forced_figures(model, golden)
+    print(f"\n{which}: top-1 agreement {agreement:.2%} over {confident} confident steps, "
+          f"mean |Δ logprob| {mean_diff:.4f} nats over {steps} steps")
+    assert confident > 100
+    assert agreement >= 0.99
+    assert mean_diff <= 0.05
+
+
+@pytest.mark.parametrize("which", ["smollm2_f32", "gemma3_f32"])
+def test_incremental_decoding_equals_one_batch(which, request):
+    model = request.getfixturevalue(which)
+    run = request.getfixturevalue("golden_" + which.split("_")[0])["greedy"][6]  # 30+ tokens
+    ids = run["prompt_ids"] + run["tokens"][:8]
+    n_prompt = len(run["prompt_ids"])
+    full = model.logits_for(ids)
+
+    model.kv.clear()
+    rows = [model.decode(Batch(ids[:n_prompt], pos=0))[0]]
+    for t in ids[n_prompt:]:
+        rows.append(model.decode(Batch([t]))[0])  # positions continue from the cache
+    inc = np.stack(rows)
+    ref = full[n_prompt - 1:]
+    err = np.abs(inc - ref).max() / np.abs(ref).max()
+    print(f"\n{which}: incremental vs one batch, max |Δ logit| / max |logit| = {err:.2e}")
+    assert err <= 2e-3  # float32 summation order differs between a batch and single tokens
+    assert model.kv.seq_pos_max(0) == len(ids) - 1
+    assert model.kv.used_cells == len(ids)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_cache_types_stay_close(which, request):
+    path = request.getfixturevalue(f"{which}_path")
+    golden = request.getfixturevalue(f"golden_{which}")
+    ids = golden["greedy"][3]["prompt_ids"] + golden["greedy"][3]["tokens"][:10]
+    results = {}
+    with GGUFFile.open(path) as f:
+        for t in ("f32", "f16", "q8_0"):
+            model = Model.load(f, n_ctx=64, cache_type_k=t, cache_type_v=t)
+            results[t] = np.stack([_log_softmax(r) for r in model.logits_for(ids)])
+            if t == "q8_0":
+                assert model.kv.nbytes < results["nbytes_f16"] * 0.6
+            results["nbytes_" + t] = model.kv.nbytes
+    ref = results["f32"]
+    top = ref.argmax(axis=1)
+    for t, tol in (("f16", 0.01), ("q8_0", 0.05)):
+        lp = results[t]
+        d = np.abs(lp[np.arange(len(ids)), top] - ref[np.arange(len(ids)), top])
+        print(f"\n{which} {t} cache: mean |Δ logprob of top-1| {d.mean():.4f}, max {d.max():.4f}")
+        assert d.mean() <= tol
+        assert (lp.argmax(axis=1) == top).mean() >= 0.9
+
+
+def test_batch_outputs_and_positions(smollm2_f32, golden_smollm2):
+    model = smollm2_f32
+    ids = golden_smollm2["greedy"][2]["prompt_ids"]
+    full = model.logits_for(ids)
+    model.kv.clear()
+    flags = np.zeros(len(ids), bool)
+    flags[[1, 4, len(ids) - 1]] = True
+    out = model.decode(Batch(ids, pos=0, logits=flags))
+    assert out.shape == (3, model.n_vocab)
+    np.testing.assert_allclose(out, full[flags], atol=2e-3)
+    model.kv.clear()
+    assert model.decode(Batch(ids)).shape == (1, model.n_vocab)  # default: last row only
+
+
+def test_ubatches_give_the_same_logits(smollm2_path, golden_smollm2):
+    ids = golden_smollm2["greedy"][6]["prompt_ids"]
+    with GGUFFile.open(smollm2_path) as f:
+        whole = Model.load(f, n_ctx=64, cache_type_k="f32", cache_type_v="f32")
+        split = Model.load(f, n_ctx=64, cache_type_k="f32", cache_type_v="f32", n_ubatch=7)
+        np.testing.assert_allclose(split.logits_for(ids), whole.logits_for(ids), atol=2e-3)
+
+
+def test_full_cache_raises_and_leaves_it_unchanged(smollm2_path):
+    with GGUFFile.open(smollm2_path) as f:
+        model = Model.load(f, n_ctx=16)
+        model.decode(Batch(list(range(10, 22))))
+        assert model.kv.used_cells == 12
+        with pytest.raises(KVCacheFullError):
+            model.decode(Batch(list(range(30, 35))))
+        assert model.kv.used_cells == 12
+        assert model.kv.seq_pos_max(0) == 11
+        assert model.decode(Batch([5, 6, 7, 8])).shape == (1, model.n_vocab)
+        assert model.kv.used_cells == 16
+
+
+def test_elementwise_kernels():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((3, 64)) * 4).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(ops.rms_norm(x, w, 1e-6), want, rtol=1e-5, atol=1e-6)
+    u = rng.standard_normal((3, 64)).astype(np.float32)
+    np.testing.assert_allclose(ops.swiglu(x, u), x / (1 + np.exp(-x)) * u, rtol=1e-5, atol=1e-6)
+    g = np.concatenate([x, [[-12.0] * 32 + [11.0] * 32]]).astype(np.float32)
+    u4 = np.concatenate([u, np.ones((1, 64), np.float32)])
+    exact = ops.gelu_tanh(g) * u4
+    got = ops.geglu(g, u4)  # fp16 table: within fp16 rounding of the exact GELU
+    np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3 * np.abs(u4).max())
+    assert (got[3, :32] == 0).all() and (got[3, 32:] == 11.0).all()
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_rotates_the_right_pairs(neox):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 2, 10)).astype(np.float32)
+    pos = np.array([0, 5, 1000])
+    spec = ops.RopeSpec(8, 10000.0, 0.5, neox)  # 8 of 10 dims rotated, linear scaling 2
+    got = spec.apply(x.copy(), pos)
+    theta = 0.5 * pos[:, None] * 10000.0 ** (-np.arange(4) * 2 / 8)
+    i0, i1 = (np.arange(4), np.arange(4) + 4) if neox else (np.arange(0, 8, 2), np.arange(1, 8, 2))
+    c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    want = x.astype(np.float64).copy()
+    want[..., i0] = x[..., i0] * c - x[..., i1] * s
+    want[..., i1] = x[..., i0] * s + x[..., i1] * c
+    np.testing.assert_allclose(got, want, atol=5e-5)
+    np.testing.assert_array_equal(got[0], x[0])  # position 0: no rotation
+    np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
+
+
+@pytest.mark.parametrize("n", [1, 3, 20])
+@pytest.mark.parametrize("f16", [False, True])
+def test_attention_kernels_against_float64(n, f16):
+    """The fused (few tokens) and BLAS (many tokens) paths against a float64 reference, with
+    grouped KV heads, a causal + sliding-window mask, and fp16-bit K/V."""
+    rng = np.random.default_rng(n)
+    n_head, n_head_kv, d, n_kv = 6, 2, 16, 30
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    cell_pos = np.arange(n_kv, dtype=np.int32)
+    cell_pos[5] = -1  # an empty cell
+    tok_pos = np.arange(n_kv - n, n_kv)
+    mask = ops.build_kq_mask(cell_pos, np.ones((n_kv, 1), bool), tok_pos,
+                             np.zeros(n, np.int64), n_kv, n_swa=12)
+    if f16:
+        k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
+    else:
+        got = ops.attention(q, k, v, mask, 0.3)
+    want = np.empty((n, n_head, d))
+    for h in range(n_head):
+        g = h // (n_head // n_head_kv)
+        s = q[:, h].astype(np.float64) @ k[:, g].astype(np.float64).T * 0.3 + mask
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        want[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, g]
+    np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
+
+
+def test_hyperparameters(smollm2, gemma3):
+    hp = smollm2.hparams
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k) == (30, 576, 9, 3, 64)
+    assert hp.rope_freq_base == 100000.0 and not hp.rope_neox and hp.n_swa == 0
+    assert hp.kq_scale == pytest.approx(1 / 8)
+    hp = gemma3.hparams
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k) == (18, 640, 4, 1, 256)
+    assert hp.rope_neox and hp.n_swa == 512 and hp.rope_freq_base == 1e6
+    assert [il for il in range(hp.n_layer) if not hp.is_swa(il)] == [5, 11, 17]
+    assert hp.layer_rope(0).freq_base == 10000.0 and hp.layer_rope(5).freq_base == 1e6
+    assert hp.attn_scale == pytest.approx(1 / 16)
+    assert sorted(ARCHITECTURES) == ["gemma3", "llama"]
+
+
+def test_unsupported_architecture(tmp_path):
+    path = tmp_path / "mamba.gguf"
+    w = GGUFWriter(path)
+    w.add("general.architecture", "mamba")
+    w.add_tensor("token_embd.weight", "F32", (4, 8), np.zeros((4, 8), np.float32))
+    w.write()
+    with GGUFFile.open(path) as f:
+        with pytest.raises(UnsupportedArchitectureError, match="gemma3, llama") as e:
+            Model.load(f, n_ctx=8)
+    assert isinstance(e.value, ValueError)
