@@ -11,12 +11,18 @@ import sys
 
 # name → (module in llamatui.app, help)
 COMMANDS = {
-    "pull": ("cmd_pull", "download a starter model into the model store"),
+    "pull": ("cmd_pull", "download a starter model, or a Hub model (owner/repo[:QUANT])"),
+    "ls": ("cmd_ls", "list the models in the store"),
+    "rm": ("cmd_rm", "delete a model from the store"),
+    "search": ("cmd_search", "search the Hugging Face Hub for GGUF models"),
+    "hw": ("cmd_hw", "show this machine's RAM, CPU, GPUs and disk"),
     "inspect": ("cmd_inspect", "show a GGUF file's metadata and tensors"),
     "run": ("cmd_run", "generate text from a prompt, or chat in the terminal (--chat)"),
     "tokenize": ("cmd_tokenize", "print the token ids of a text"),
     "perplexity": ("cmd_perplexity", "measure perplexity on a text file like llama-perplexity"),
     "bench": ("cmd_bench", "measure prompt and generation speed like llama-bench"),
+    "quantize": ("cmd_quantize", "quantize a GGUF model like llama-quantize"),
+    "imatrix": ("cmd_imatrix", "collect an importance matrix for quantizing, like llama-imatrix"),
 }
 
 
@@ -44,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 0
+        from .tui import run_app  # textual is imported only for the app
+        return run_app(model=args.model)
     try:
         return _module(COMMANDS[args.command][0]).run(args) or 0
     except KeyboardInterrupt:

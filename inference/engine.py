@@ -144,7 +144,11 @@ class Engine:
         report = progress or (lambda stage, done, total: None)
         threads = int(threads) if threads else default_threads()
         import numba
+        from threadpoolctl import threadpool_limits
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        # numba threads our kernels; BLAS (attention over long batches) runs between them, and a
+        # second pool of spinning BLAS threads on the same cores slows both.
+        threadpool_limits(limits=1, user_api="blas")
         report("Opening model", 0, 3)
         gguf = GGUFFile.open(path, use_mmap=use_mmap, mlock=mlock)
         try:

@@ -413,4 +413,4 @@ class Model:
 
 
 # The architectures register themselves; imported last because they use the pieces above.
-from . import arch_gemma3, arch_llama  # noqa: E402,F401
+from . import arch_gemma3, arch_llama  # noqa: E402,F401  (registers them)

@@ -1,8 +1,13 @@
 """The local model store, and the two starter models that ship inside PyPI wheels.
 
-The store is a folder of .gguf files (platformdirs' user data dir, or `$LLAMATUI_HOME/models`).
-A model appears under its final name only once it is complete and verified: it is assembled as a
-hidden partial file beside it and renamed into place.
+The store is a folder of .gguf files (platformdirs' user data dir, or `$LLAMATUI_HOME/models`):
+starter models at its top, Hub downloads under `<owner>/<repo>/` (models.download), each with a
+sidecar `<file>.json` saying where it came from. A model appears under its final name only once
+it is complete and verified: it is assembled as a hidden partial file beside it and renamed into
+place.
+
+For the app: `list_models()` (what `llamatui ls` shows), `delete_model(name)`, `disk_usage()`,
+`list_partials()` (downloads to continue), `resolve_model(name)`, `mark_used(path)`.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,8 +26,6 @@ from dataclasses import dataclass
 
 import platformdirs
 from filelock import FileLock
-
-from llamatui.inference.gguf import GGUFError, GGUFFile
 
 # progress(stage, done, total): stage is a short human label, done/total in bytes (total 0 = unknown)
 Progress = Callable[[str, int, int], None]
@@ -92,6 +96,9 @@ def _pip_download(requirement: str, dest: pathlib.Path, quiet: bool) -> pathlib.
 
 
 def _check_free_space(directory: pathlib.Path, needed: int) -> None:
+    directory = pathlib.Path(directory)
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent  # the store may not exist yet
     free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
     if free < needed:
         raise StoreError(f"not enough disk space in {directory}: {needed / 1e6:.0f} MB needed, "
@@ -127,6 +134,7 @@ def pull_starter(name: str, store: pathlib.Path | None = None, progress: Progres
             if digest != model.sha256:
                 raise StoreError(f"{model.filename}: sha256 {digest} does not match the expected "
                                  f"{model.sha256}; the download is corrupt and was discarded")
+            from llamatui.inference.gguf import GGUFError, GGUFFile
             try:
                 GGUFFile.open(partial).close()
             except GGUFError as e:
@@ -167,9 +175,303 @@ def _write_sidecar(model_path: pathlib.Path, info: dict) -> None:
     os.replace(tmp, side)
 
 
+# ----------------------------------------------------------------------------- the store's contents
+#
+# Layout: starter models at the top (`<store>/<file>.gguf`), Hub downloads under their repository
+# (`<store>/<owner>/<repo>/<path in repo>`), each with a sidecar `<file>.json`. Downloads in
+# progress are `.<file>.partial` with `.<file>.partial.json` beside them (models.download).
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def sidecar_path(model_path: pathlib.Path) -> pathlib.Path:
+    return model_path.with_name(model_path.name + ".json")
+
+
+def read_sidecar(model_path: pathlib.Path) -> dict:
+    try:
+        data = json.loads(sidecar_path(model_path).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def update_sidecar(model_path: pathlib.Path, **changes) -> dict:
+    """Merges `changes` into a model's sidecar (creating it), atomically; returns the result."""
+    info = read_sidecar(model_path)
+    info.update(changes)
+    _write_sidecar(model_path, info)
+    return info
+
+
+def mark_used(model_path: str | os.PathLike) -> None:
+    """Records that a model was just loaded (the app calls this); never fails."""
+    try:
+        path = pathlib.Path(model_path)
+        if path.is_file():
+            update_sidecar(path, last_used=time.time())
+    except OSError:
+        pass
+
+
+def hub_target(repo: str, filename: str, store: pathlib.Path | None = None) -> pathlib.Path:
+    """Where a Hub file lives in the store: <store>/<owner>/<repo>/<path in repo>."""
+    store = pathlib.Path(store) if store else store_dir()
+    parts = repo.split("/") + filename.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise StoreError(f"unsafe path {repo}/{filename}")
+    return store.joinpath(*parts)
+
+
+def _model_files(store: pathlib.Path):
+    """Every complete .gguf file in the store (hidden files and partials skipped)."""
+    if not store.is_dir():
+        return
+    for root, dirs, files in os.walk(store):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for f in sorted(files):
+            if f.endswith(".gguf") and not f.startswith("."):
+                yield pathlib.Path(root) / f
+
+
+def hub_sidecars(store: pathlib.Path | None = None) -> list[dict]:
+    """Sidecars of the Hub downloads in the store, each with its model's `path` added."""
+    store = pathlib.Path(store) if store else store_dir()
+    out = []
+    for path in _model_files(store):
+        info = read_sidecar(path)
+        if info.get("source") == "hf" and info.get("repo") and info.get("file"):
+            out.append({**info, "path": str(path)})
+    return out
+
+
+@dataclass
+class LocalModel:
+    """A model in the store, as `llamatui ls` and the model manager show it. A split model is
+    one entry (its first shard's path, all shards in `files`)."""
+    name: str  # path relative to the store, what `rm` and `-m` take
+    path: pathlib.Path
+    files: list[pathlib.Path]
+    size: int
+    architecture: str | None
+    parameters: int | None
+    quantization: str | None
+    context_length: int | None
+    source: str  # "hf", "pypi" (starter), "local"
+    repo: str | None
+    revision: str | None
+    sha256: str | None
+    pulled_at: float | None
+    last_used: float | None
+    kind: str = "model"  # "model" or "mmproj"
+    error: str | None = None  # the header could not be read
+
+    @property
+    def ref(self) -> str:
+        """How to name it on the command line."""
+        if self.repo and self.quantization:
+            return f"{self.repo}:{self.quantization}"
+        return self.name
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in (
+            "name", "size", "architecture", "parameters", "quantization", "context_length",
+            "source", "repo", "revision", "sha256", "pulled_at", "last_used", "kind", "error")}
+        d["path"] = str(self.path)
+        d["files"] = [str(f) for f in self.files]
+        d["ref"] = self.ref
+        return d
+
+
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def _header_summary(path: pathlib.Path) -> dict:
+    """What `ls` shows from a GGUF header: architecture, parameters, quantization, context."""
+    from llamatui.inference.engine import FILE_TYPES
+    from llamatui.inference.gguf import GGUFFile
+    with GGUFFile.open(path) as g:
+        md = g.metadata
+        arch = md.get("general.architecture")
+        ftype = md.get("general.file_type")
+        ctx = md.get(f"{arch}.context_length") if arch else None
+        return {
+            "architecture": arch,
+            "parameters": int(sum(t.n_elements for t in g.tensors.values())),
+            "quantization": FILE_TYPES.get(int(ftype)) if ftype is not None else None,
+            "context_length": int(ctx) if ctx is not None else None,
+            "split_count": int(md.get("split.count", 0) or 0),
+            "mmproj": arch == "clip" or "clip.has_vision_encoder" in md,
+        }
+
+
+def _cached_summary(path: pathlib.Path, info: dict) -> dict:
+    """The header summary, cached in the sidecar under the file's size and mtime."""
+    st = path.stat()
+    key = [st.st_size, st.st_mtime_ns]
+    cached = info.get("header")
+    if isinstance(cached, dict) and cached.get("key") == key:
+        return cached
+    summary = {**_header_summary(path), "key": key}
+    try:
+        update_sidecar(path, header=summary, **({} if info else {"source": "local"}))
+    except OSError:
+        pass  # a read-only store still lists
+    return summary
+
+
+def list_models(store: pathlib.Path | None = None) -> list[LocalModel]:
+    """The store's models (split models as one entry), sorted by name."""
+    from .hub import quant_of
+    store = pathlib.Path(store) if store else store_dir()
+    shards: dict[tuple[pathlib.Path, str], list[pathlib.Path]] = {}
+    singles = []
+    for path in _model_files(store):
+        m = _SHARD_RE.search(path.name)
+        if m:
+            shards.setdefault((path.parent, path.name[:m.start()]), []).append(path)
+        else:
+            singles.append([path])
+    entries = singles + [sorted(v) for v in shards.values()]
+    out = []
+    for files in entries:
+        first = files[0]
+        info = read_sidecar(first)
+        error = None
+        try:
+            summary = _cached_summary(first, info)
+            info = read_sidecar(first) or info
+        except (OSError, ValueError) as e:  # GGUFError is a ValueError
+            summary, error = {}, str(e)
+        params = summary.get("parameters")
+        if params is not None and len(files) > 1:
+            total = 0
+            for f in files:
+                try:
+                    total += _cached_summary(f, read_sidecar(f))["parameters"]
+                except (OSError, ValueError):
+                    total = None
+                    break
+            params = total
+        source = info.get("source") or "local"
+        out.append(LocalModel(
+            name=first.relative_to(store).as_posix(), path=first, files=files,
+            size=sum(f.stat().st_size for f in files),
+            architecture=summary.get("architecture"), parameters=params,
+            quantization=summary.get("quantization") or info.get("quant")
+            or quant_of(first.name),
+            context_length=summary.get("context_length"),
+            source=source, repo=info.get("repo"), revision=info.get("revision"),
+            sha256=info.get("sha256"), pulled_at=info.get("pulled_at"),
+            last_used=info.get("last_used"),
+            kind="mmproj" if summary.get("mmproj") or "mmproj" in first.name.lower() else "model",
+            error=error))
+    out.sort(key=lambda m: m.name)
+    return out
+
+
+@dataclass
+class PartialDownload:
+    """A download that stopped before the end; `pull` of the same file continues it."""
+    path: pathlib.Path  # the .partial file
+    target: pathlib.Path  # where the model will be
+    repo: str | None
+    file: str | None
+    done: int
+    total: int | None
+
+
+def list_partials(store: pathlib.Path | None = None) -> list[PartialDownload]:
+    store = pathlib.Path(store) if store else store_dir()
+    out = []
+    if not store.is_dir():
+        return out
+    for root, dirs, files in os.walk(store):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for f in files:
+            if f.startswith(".") and f.endswith(PARTIAL_SUFFIX):
+                p = pathlib.Path(root) / f
+                try:
+                    meta = json.loads(p.with_name(f + ".json").read_text())
+                except (OSError, ValueError):
+                    meta = {}
+                out.append(PartialDownload(
+                    p, p.with_name(f[1:-len(PARTIAL_SUFFIX)]), meta.get("repo"), meta.get("file"),
+                    p.stat().st_size, meta.get("size")))
+    return sorted(out, key=lambda d: str(d.path))
+
+
+@dataclass
+class DiskUsage:
+    path: pathlib.Path
+    models_bytes: int
+    n_models: int
+    partial_bytes: int
+    n_partials: int
+    free_bytes: int
+    total_bytes: int
+
+
+def disk_usage(store: pathlib.Path | None = None) -> DiskUsage:
+    store = pathlib.Path(store) if store else store_dir()
+    models = list(_model_files(store))
+    partials = list_partials(store)
+    probe = store
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return DiskUsage(store, sum(p.stat().st_size for p in models), len(models),
+                     sum(p.done for p in partials), len(partials),
+                     st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+
+
+def free_bytes(directory: pathlib.Path) -> int:
+    probe = pathlib.Path(directory)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize
+
+
+def find_local(name: str, store: pathlib.Path | None = None) -> LocalModel | None:
+    """A model in the store by any name `resolve_model` accepts (None if absent)."""
+    store = pathlib.Path(store) if store else store_dir()
+    models = list_models(store)
+    if name in STARTER_MODELS:
+        name = STARTER_MODELS[name].filename
+    for m in models:
+        if name == m.name or any(name == f.relative_to(store).as_posix() for f in m.files):
+            return m
+    from .hub import looks_like_hub_ref, parse_ref
+    if "/" in name and looks_like_hub_ref(name):
+        try:
+            ref = parse_ref(name)
+        except ValueError:
+            ref = None
+        if ref is not None:
+            mine = [m for m in models if m.repo == ref.repo and m.kind == "model"]
+            if ref.filename:
+                mine = [m for m in mine if any(f.name == ref.filename.rsplit("/", 1)[-1]
+                                               for f in m.files)]
+            elif ref.quant:
+                q = ref.quant.upper()
+                mine = [m for m in mine if (m.quantization or "").upper() == q
+                        or q.lower() in m.name.lower()]
+            else:
+                mine = [m for m in mine if (m.quantization or "").upper() == "Q4_K_M"] or mine
+            if mine:
+                return mine[0]
+    by_base = [m for m in models if m.path.name == name]
+    if len(by_base) > 1:
+        raise StoreError(f"{name!r} is ambiguous in the store: "
+                         + ", ".join(m.name for m in by_base))
+    return by_base[0] if by_base else None
+
+
 def resolve_model(name_or_path: str, store: pathlib.Path | None = None) -> pathlib.Path:
-    """A model argument as users type it: a path to a .gguf file, a file name in the store, or a
-    starter model's name (which must already be pulled)."""
+    """A model argument as users type it: a path to a .gguf file, a name in the store (its path
+    relative to the store, or its file name), a starter model's name, or a Hub reference
+    `owner/repo[:QUANT]` already pulled. Split models resolve to their first shard."""
     path = pathlib.Path(name_or_path).expanduser()
     if path.is_file():
         return path
@@ -183,4 +485,43 @@ def resolve_model(name_or_path: str, store: pathlib.Path | None = None) -> pathl
     candidate = store / name_or_path
     if candidate.is_file():
         return candidate
+    found = find_local(name_or_path, store)
+    if found is not None:
+        return found.path
+    from .hub import looks_like_hub_ref
+    if "/" in name_or_path and looks_like_hub_ref(name_or_path):
+        raise StoreError(f"{name_or_path} is not downloaded yet; run "
+                         f"`llamatui pull {name_or_path}`")
     raise StoreError(f"no model file at {name_or_path!r} (not a file, not in the store at {store})")
+
+
+def delete_model(name: str, store: pathlib.Path | None = None) -> list[pathlib.Path]:
+    """Removes a model (every shard of a split model) and its sidecars from the store; returns
+    the model files removed. Empty repository folders go too."""
+    store = pathlib.Path(store) if store else store_dir()
+    model = find_local(name, store)
+    if model is None:
+        path = pathlib.Path(name).expanduser()
+        if path.is_file():
+            raise StoreError(f"{name} is outside the store ({store}); delete it yourself")
+        raise StoreError(f"no model {name!r} in the store at {store}")
+    removed = []
+    for f in model.files:
+        with FileLock(str(f.with_name(f".{f.name}.lock"))):
+            f.unlink(missing_ok=True)
+            sidecar_path(f).unlink(missing_ok=True)
+        f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
+        removed.append(f)
+    parent = model.path.parent
+    while parent != store and store in parent.parents:
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
+        parent = parent.parent
+    return removed
+
+
+def delete_partial(partial: PartialDownload) -> None:
+    partial.path.unlink(missing_ok=True)
+    partial.path.with_name(partial.path.name + ".json").unlink(missing_ok=True)

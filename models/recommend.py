@@ -1,0 +1,586 @@
+"""How much memory a model will take in OUR engine, and which quantization this machine can run.
+
+    est = estimate_file(path, n_ctx=4096)                # a local GGUF file
+    est = estimate_remote(repo, filename, n_ctx=4096)    # the first bytes of a Hub file (Range)
+    est = estimate_hub_info(listing.gguf, size)          # the Hub's `gguf` summary (approximate)
+    fit = assess(est, hardware.detect())                 # "fits in GPU", "fits in RAM", ...
+    rec = recommend(listing, hw, n_ctx=4096)             # every quantization, and the best one
+
+The estimate is what the engine's process holds at its peak (resident memory), in parts:
+
+- weights: the GGUF file, memory-mapped; running the model touches every page of it.
+- KV cache: the engine allocates n_ctx cells on EVERY layer (`inference/kv_cache.py`), sliding-
+  window layers included: n_layer * n_ctx * n_head_kv * (head_dim_k + head_dim_v) * bytes per
+  value (f32 4, f16 2, q8_0 34/32). llama.cpp caps a sliding-window layer at
+  pad(n_swa + n_ubatch, 256) cells; its smaller figure is `kv_bytes_llama_cpp` (Gemma 3).
+  The cache's pages become resident as tokens fill it: `resident_at(n_tokens)`.
+- compute: the largest transient buffers of a forward pass, a micro-batch of u = min(n_ubatch,
+  n_ctx) tokens against a full cache: activations (u rows of embedding/FFN width), attention
+  scores (n_head * u * n_kv floats, capped by ops._ATTN_SCORE_BUDGET), the KQ masks (one per
+  window kind), the dequantized weight tile, and the logits and sampler over the vocabulary.
+- overhead: the Python process with numpy, numba and llvmlite initialised (measured), numba's
+  compiled kernels (per ggml type in use), the tokenizer's tables (per token and per merge), and
+  model bookkeeping. The run that first compiles the kernels (after installing) peaks
+  `first_run_extra_bytes` higher, once; that is not in `total_bytes`.
+
+The constants were measured on x86-64 Linux (Python 3.11, numba 0.61, NumPy 2) with
+benchmarks/bench_memory.py, which prints estimate against peak RSS for the starter models; the
+test suite checks they stay within 15 %. The app's own UI (Textual) is not included.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from dataclasses import dataclass, field
+
+MiB = 1 << 20
+
+# --- measured (benchmarks/bench_memory.py): the process before any model is opened: CPython,
+# numpy, numba + llvmlite with LLVM initialised, llamatui.inference imported.
+RUNTIME_BYTES = 165 * MiB
+# numba kernels for one ggml type (decode matvec + dequantizing tile), loaded from numba's cache
+KERNEL_BYTES_PER_TYPE = 6 * MiB
+# tokenizer tables: per vocabulary entry, per BPE merge
+TOKEN_BYTES = 240
+MERGE_BYTES = 180
+# The first run after installing (or upgrading) compiles the kernels: LLVM's working memory
+# adds this much to that run's peak, once (measured: 45-70 MiB for the starter models).
+FIRST_RUN_EXTRA_BYTES = 70 * MiB
+# Model bookkeeping (norm vectors as float32, RoPE tables, cell arrays, batch arrays)
+MODEL_MISC_BYTES = 4 * MiB
+# logits row, sampler candidates (ids, probabilities, sort buffers), per vocabulary entry
+VOCAB_WORK_BYTES = 24
+# Defaults of the engine, read from it when importable
+DEFAULT_N_UBATCH = 512
+DEFAULT_SCORE_BUDGET = 8 << 20  # floats
+DEFAULT_TILE_BYTES = 4 << 20
+
+CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+
+# GPU planning: what a CUDA context and allocator slack take before any tensor
+GPU_RESERVE_BYTES = 512 * MiB
+RAM_USABLE_FRACTION = 0.9  # of psutil's "available"
+
+# ggml types the engine's kernels compute (inference.matmul.supported_matmul_types)
+ENGINE_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
+                          "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"))
+ENGINE_ARCHITECTURES = frozenset(("llama", "gemma3"))
+
+
+def _engine_constants() -> tuple[int, int]:
+    """(attention score budget in floats, dequantized tile bytes) as the engine has them."""
+    try:
+        from llamatui.inference import matmul, ops
+        return (int(getattr(ops, "_ATTN_SCORE_BUDGET", DEFAULT_SCORE_BUDGET)),
+                int(getattr(matmul, "TILE_BYTES", DEFAULT_TILE_BYTES)))
+    except Exception:  # noqa: BLE001 - the estimate must not depend on the kernels importing
+        return DEFAULT_SCORE_BUDGET, DEFAULT_TILE_BYTES
+
+
+# ----------------------------------------------------------------------------- model shape
+
+
+def _per_layer(value, n_layer: int) -> list[int]:
+    if value is None:
+        return [0] * n_layer
+    try:
+        vals = [int(v) for v in value]
+    except TypeError:
+        return [int(value)] * n_layer
+    if len(vals) != n_layer:
+        vals = (vals + [vals[-1] if vals else 0] * n_layer)[:n_layer]
+    return vals
+
+
+def _array_len(md, key: str) -> int:
+    raw = getattr(md, "_raw", {}).get(key)
+    if raw is not None:
+        starts = getattr(raw, "starts", None)
+        if starts is not None:
+            return len(starts)
+        try:
+            return len(raw)
+        except TypeError:
+            pass
+    try:
+        return len(md[key]) if key in md else 0
+    except (TypeError, KeyError):
+        return 0
+
+
+@dataclass
+class ModelShape:
+    """What the estimate needs from a model: hyperparameters and where the bytes are."""
+    architecture: str | None
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: list[int]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    n_merges: int
+    n_ctx_train: int | None
+    n_params: int | None
+    file_bytes: int
+    layer_bytes: list[int]  # tensor bytes of each blk.{i}
+    other_bytes: int  # token_embd, output, norms outside the blocks
+    tensor_types: frozenset[str] = frozenset()
+    n_swa: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    approximate: bool = False
+    source: str = "header"  # "header", "remote header", "hub info"
+
+    @classmethod
+    def from_gguf(cls, g, file_bytes: int | None = None, source: str = "header"
+                  ) -> "ModelShape":
+        md = g.metadata
+        arch = md.get("general.architecture")
+        p = f"{arch}."
+
+        def get(key, default=None):
+            return md[p + key] if p + key in md else default
+
+        n_layer = int(get("block_count", 0) or 0)
+        n_embd = int(get("embedding_length", 0) or 0)
+        heads = _per_layer(get("attention.head_count", 1), n_layer)
+        n_head = max(heads) if heads else 1
+        kv_heads = _per_layer(get("attention.head_count_kv", get("attention.head_count", 1)),
+                              n_layer)
+        head_k = int(get("attention.key_length", n_embd // max(n_head, 1)) or 0)
+        head_v = int(get("attention.value_length", head_k) or 0)
+        ff = _per_layer(get("feed_forward_length", 0), n_layer)
+        tok = g.tensors.get("token_embd.weight")
+        n_vocab = int(tok.shape[0]) if tok is not None else _array_len(md, "tokenizer.ggml.tokens")
+        layer_bytes = [0] * n_layer
+        other = 0
+        for name, t in g.tensors.items():
+            if name.startswith("blk."):
+                try:
+                    il = int(name.split(".")[1])
+                except ValueError:
+                    il = -1
+                if 0 <= il < n_layer:
+                    layer_bytes[il] += t.nbytes
+                    continue
+            other += t.nbytes
+        n_swa = int(get("attention.sliding_window", 0) or 0)
+        swa: tuple[bool, ...] = ()
+        if n_swa > 0:
+            pattern = get("attention.sliding_window_pattern")
+            if pattern is not None and not isinstance(pattern, (int, float)):
+                swa = tuple(bool(b) for b in pattern)[:n_layer]
+            else:
+                n = int(pattern) if pattern is not None else {"gemma3": 6, "gemma2": 2,
+                                                               "cohere2": 4}.get(arch, 0)
+                if arch == "gemma2" and pattern is None:
+                    swa = tuple(il % 2 == 0 for il in range(n_layer))
+                elif n:
+                    swa = tuple(il % n < n - 1 for il in range(n_layer))
+            if not swa:
+                n_swa = 0
+        fsize = file_bytes if file_bytes is not None else getattr(g, "file_size", 0)
+        ctx = get("context_length")
+        return cls(
+            architecture=arch, n_layer=n_layer, n_embd=n_embd, n_ff=max(ff) if ff else 0,
+            n_head=n_head, n_head_kv=kv_heads, head_dim_k=head_k, head_dim_v=head_v,
+            n_vocab=n_vocab, n_merges=_array_len(md, "tokenizer.ggml.merges"),
+            n_ctx_train=int(ctx) if ctx is not None else None,
+            n_params=int(sum(t.n_elements for t in g.tensors.values())),
+            file_bytes=int(fsize), layer_bytes=layer_bytes, other_bytes=other,
+            tensor_types=frozenset(t.type for t in g.tensors.values() if len(t.shape) >= 2),
+            n_swa=n_swa, swa_layers=swa, source=source)
+
+    @classmethod
+    def from_hub_info(cls, summary, file_bytes: int) -> "ModelShape":
+        """A rough shape from the Hub's gguf summary (parameters, architecture, context) and the
+        file size, by the proportions of common GQA transformers (Llama 3, Qwen 2.5, Gemma 3).
+        Marked approximate: KV and compute may be off by 2x for unusual models."""
+        params = int(getattr(summary, "parameters", None) or max(file_bytes * 2, 1))
+        # n_layer ~ 16 at 1B, 32 at 8B, 80 at 70B; width from 12 * n_layer * n_embd^2 = params
+        n_layer = max(4, round(32 * (params / 8e9) ** 0.36))
+        n_embd = max(256, int(math.sqrt(params / (12 * n_layer)) // 64 * 64))
+        head_dim = 128 if n_embd >= 2048 else 64
+        n_head = max(1, n_embd // head_dim)
+        n_head_kv = max(1, n_head // 4)
+        n_vocab = 151_936 if params > 1e9 else 65_536
+        embd_bytes = int(file_bytes * min(0.3, n_vocab * n_embd / params)) if params else 0
+        per_layer = (file_bytes - embd_bytes) // n_layer
+        return cls(
+            architecture=getattr(summary, "architecture", None), n_layer=n_layer, n_embd=n_embd,
+            n_ff=int(n_embd * 3.5), n_head=n_head, n_head_kv=[n_head_kv] * n_layer,
+            head_dim_k=head_dim, head_dim_v=head_dim, n_vocab=n_vocab, n_merges=n_vocab,
+            n_ctx_train=getattr(summary, "context_length", None), n_params=params,
+            file_bytes=int(file_bytes), layer_bytes=[per_layer] * n_layer,
+            other_bytes=embd_bytes, tensor_types=frozenset(), approximate=True,
+            source="hub info")
+
+    def with_file_bytes(self, file_bytes: int, tensor_types: frozenset | None = None
+                        ) -> "ModelShape":
+        """The same model at another quantization: bytes scaled to the new file size."""
+        scale = file_bytes / self.file_bytes if self.file_bytes else 1.0
+        return ModelShape(**{**self.__dict__, "file_bytes": int(file_bytes),
+                             "layer_bytes": [int(b * scale) for b in self.layer_bytes],
+                             "other_bytes": int(self.other_bytes * scale),
+                             "tensor_types": tensor_types if tensor_types is not None
+                             else self.tensor_types})
+
+    @property
+    def engine_supported(self) -> bool | None:
+        """Whether our engine can run it (architecture and every tensor type); None unknown."""
+        if self.approximate:
+            return None if self.architecture is None else \
+                (self.architecture in ENGINE_ARCHITECTURES or None)
+        if self.architecture not in ENGINE_ARCHITECTURES:
+            return False
+        return self.tensor_types <= ENGINE_TYPES
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+
+@dataclass
+class MemoryEstimate:
+    shape: ModelShape
+    n_ctx: int
+    n_ubatch: int
+    cache_type_k: str
+    cache_type_v: str
+    weights_bytes: int
+    kv_bytes: int  # as the engine allocates it (every layer n_ctx cells)
+    kv_bytes_llama_cpp: int  # sliding-window layers capped, as llama.cpp does
+    kv_bytes_per_token: int
+    compute_bytes: int  # peak transient buffers at a full micro-batch against a full cache
+    runtime_bytes: int
+    kernels_bytes: int
+    tokenizer_bytes: int
+    misc_bytes: int
+    score_budget: int = DEFAULT_SCORE_BUDGET
+    tile_bytes: int = DEFAULT_TILE_BYTES
+
+    @property
+    def approximate(self) -> bool:
+        return self.shape.approximate
+
+    @property
+    def overhead_bytes(self) -> int:
+        return self.runtime_bytes + self.kernels_bytes + self.tokenizer_bytes + self.misc_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Peak resident memory with the whole context in use (kernels already compiled)."""
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+
+    @property
+    def first_run_extra_bytes(self) -> int:
+        """More, once, on the run that compiles the kernels (numba's cache empty)."""
+        return FIRST_RUN_EXTRA_BYTES
+
+    def compute_at(self, n_tokens: int, n_kv: int | None = None) -> int:
+        """Transient buffers of a micro-batch of `n_tokens` against `n_kv` cells."""
+        s = self.shape
+        u = max(1, min(n_tokens, self.n_ubatch))
+        n_kv = max(u, n_kv if n_kv is not None else u)
+        width = (4 * s.n_embd + s.n_head * (s.head_dim_k + s.head_dim_v)
+                 + 2 * max(s.n_head_kv or [1]) * s.head_dim_k + 3 * s.n_ff)
+        activations = 4 * u * width
+        scores = 4 * min(u * s.n_head * n_kv, self.score_budget) if u > 8 else \
+            4 * u * s.n_head * n_kv
+        n_masks = 2 if s.n_swa else 1
+        masks = 4 * u * n_kv * n_masks
+        kv_f32 = 4 * n_kv * max(s.n_head_kv or [1]) * (s.head_dim_k + s.head_dim_v) if u > 8 else 0
+        vocab = VOCAB_WORK_BYTES * s.n_vocab
+        tile = self.tile_bytes if u > 4 else 0
+        return int(activations + scores + masks + kv_f32 + vocab + tile)
+
+    def resident_at(self, n_tokens: int) -> int:
+        """Expected peak resident memory once `n_tokens` are in the cache, having been processed
+        in micro-batches of n_ubatch (a chat prompt, then generated tokens)."""
+        n = max(0, min(n_tokens, self.n_ctx))
+        u = min(n, self.n_ubatch) if n else 1
+        return (self.weights_bytes + self.kv_bytes_per_token * n + self.compute_at(u, n)
+                + self.overhead_bytes)
+
+    def breakdown(self) -> list[tuple[str, int, str]]:
+        """(part, bytes, note) rows, for display."""
+        s = self.shape
+        swa_note = ""
+        if s.n_swa and self.kv_bytes_llama_cpp < self.kv_bytes:
+            swa_note = (f"; llama.cpp: {self.kv_bytes_llama_cpp / MiB:.0f} MiB with the "
+                        f"{s.n_swa}-token window")
+        rows = [
+            ("weights (mmap'd file)", self.weights_bytes,
+             f"{s.n_params / 1e6:.0f}M parameters" if s.n_params else ""),
+            ("KV cache", self.kv_bytes,
+             f"{self.n_ctx} tokens × {s.n_layer} layers, {self.cache_type_k}/{self.cache_type_v}"
+             + swa_note),
+            ("compute buffers", self.compute_bytes,
+             f"micro-batch of {min(self.n_ubatch, self.n_ctx)} tokens, logits over "
+             f"{s.n_vocab} tokens"),
+            ("runtime (Python, numba)", self.runtime_bytes, "measured"),
+            ("kernels", self.kernels_bytes, ", ".join(sorted(s.tensor_types)) or "estimated"),
+            ("tokenizer", self.tokenizer_bytes, f"{s.n_vocab} tokens"
+             + (f", {s.n_merges} merges" if s.n_merges else "")),
+            ("model bookkeeping", self.misc_bytes, ""),
+        ]
+        # (not in the total) the first run compiles the kernels: FIRST_RUN_EXTRA_BYTES more
+        return rows
+
+    def as_dict(self) -> dict:
+        return {"n_ctx": self.n_ctx, "total_bytes": self.total_bytes,
+                "approximate": self.approximate, "source": self.shape.source,
+                "parts": {k: v for k, v, _ in self.breakdown()},
+                "kv_bytes_llama_cpp": self.kv_bytes_llama_cpp,
+                "engine_supported": self.shape.engine_supported}
+
+    # GPU planning
+    def layer_bytes(self, il: int) -> int:
+        """Weights and KV of layer `il` (what offloading it moves to the GPU)."""
+        return self.shape.layer_bytes[il] + self._kv_layer(il)
+
+    def _kv_layer(self, il: int) -> int:
+        s = self.shape
+        per = s.n_head_kv[il] * (s.head_dim_k * CACHE_BYTES_PER_VALUE[self.cache_type_k]
+                                 + s.head_dim_v * CACHE_BYTES_PER_VALUE[self.cache_type_v])
+        return int(per * self.n_ctx)
+
+
+def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
+             cache_type_v: str = "f16", n_ubatch: int = DEFAULT_N_UBATCH,
+             threads: int | None = None) -> MemoryEstimate:
+    """The memory estimate for `shape` at context `n_ctx` (0: the model's training context)."""
+    for t in (cache_type_k, cache_type_v):
+        if t not in CACHE_BYTES_PER_VALUE:
+            raise ValueError(f"unknown KV cache type {t!r}")
+    n_ctx = int(n_ctx) if n_ctx and n_ctx > 0 else int(shape.n_ctx_train or 4096)
+    s = shape
+    bk, bv = CACHE_BYTES_PER_VALUE[cache_type_k], CACHE_BYTES_PER_VALUE[cache_type_v]
+    per_layer_token = [h * (s.head_dim_k * bk + s.head_dim_v * bv) for h in s.n_head_kv]
+    per_token = sum(per_layer_token)
+    kv = int(per_token * n_ctx)
+    # llama.cpp: a sliding-window layer holds pad(n_swa + n_ubatch, 256) cells at most
+    swa_cells = min(n_ctx, -(-(s.n_swa + n_ubatch) // 256) * 256) if s.n_swa else n_ctx
+    kv_llama = int(sum(b * (swa_cells if (il < len(s.swa_layers) and s.swa_layers[il])
+                            else n_ctx) for il, b in enumerate(per_layer_token)))
+    n_types = len(s.tensor_types & ENGINE_TYPES) if s.tensor_types else 3
+    budget, tile = _engine_constants()
+    est = MemoryEstimate(
+        shape=s, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v, weights_bytes=s.file_bytes, kv_bytes=kv,
+        kv_bytes_llama_cpp=kv_llama, kv_bytes_per_token=int(per_token),
+        compute_bytes=0, runtime_bytes=RUNTIME_BYTES,
+        kernels_bytes=KERNEL_BYTES_PER_TYPE * max(1, n_types),
+        tokenizer_bytes=TOKEN_BYTES * s.n_vocab + MERGE_BYTES * s.n_merges,
+        misc_bytes=MODEL_MISC_BYTES + 4 * s.n_embd * 6 * s.n_layer,
+        score_budget=budget, tile_bytes=tile)
+    est.compute_bytes = est.compute_at(min(n_ubatch, n_ctx), n_ctx)
+    return est
+
+
+def estimate_file(path, n_ctx: int = 4096, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                  n_ubatch: int = DEFAULT_N_UBATCH, threads: int | None = None
+                  ) -> MemoryEstimate:
+    """Estimate for a local GGUF file (its header only is read). A split model's first shard
+    counts the sizes of all its shards."""
+    from llamatui.inference.gguf import GGUFFile
+    path = pathlib.Path(path)
+    files = _shards(path)
+    with GGUFFile.open(files[0]) as g:
+        shape = ModelShape.from_gguf(g, file_bytes=sum(f.stat().st_size for f in files))
+    if len(files) > 1:
+        for f in files[1:]:
+            with GGUFFile.open(f) as g:
+                extra = ModelShape.from_gguf(g)
+            shape.layer_bytes = [a + b for a, b in zip(shape.layer_bytes, extra.layer_bytes)]
+            shape.other_bytes += extra.other_bytes
+            shape.tensor_types = shape.tensor_types | extra.tensor_types
+            shape.n_params = (shape.n_params or 0) + (extra.n_params or 0)
+    return estimate(shape, n_ctx, cache_type_k, cache_type_v, n_ubatch, threads)
+
+
+def _shards(path: pathlib.Path) -> list[pathlib.Path]:
+    import re
+    m = re.search(r"-(\d{5})-of-(\d{5})\.gguf$", path.name)
+    if not m:
+        return [path]
+    stem, n = path.name[:m.start()], int(m.group(2))
+    files = [path.with_name(f"{stem}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
+    return [f for f in files if f.exists()] or [path]
+
+
+def estimate_remote(repo: str, filename: str, revision: str | None = None, *,
+                    file_bytes: int | None = None, n_ctx: int = 4096,
+                    cache_type_k: str = "f16", cache_type_v: str = "f16",
+                    n_ubatch: int = DEFAULT_N_UBATCH) -> MemoryEstimate:
+    """Estimate for a Hub file from its header (fetched with Range requests). `file_bytes`: the
+    model's full size (all shards) when known; else the file's own size."""
+    from . import hub
+    g = hub.fetch_header(repo, filename, revision)
+    if file_bytes is None:
+        file_bytes = hub.file_metadata(repo, filename, revision).size or 0
+    shape = ModelShape.from_gguf(g, file_bytes=file_bytes, source="remote header")
+    listed = sum(shape.layer_bytes) + shape.other_bytes
+    if file_bytes and listed and file_bytes > 1.5 * listed and shape.n_layer:
+        # a split model's first shard: its layers are elsewhere; spread the rest evenly
+        per = max(0, file_bytes - shape.other_bytes) // shape.n_layer
+        shape.layer_bytes = [per] * shape.n_layer
+    return estimate(shape, n_ctx, cache_type_k, cache_type_v, n_ubatch)
+
+
+def estimate_hub_info(summary, file_bytes: int, n_ctx: int = 4096, cache_type_k: str = "f16",
+                      cache_type_v: str = "f16") -> MemoryEstimate:
+    """Approximate estimate from the Hub's `gguf` summary when no header can be read."""
+    return estimate(ModelShape.from_hub_info(summary, file_bytes), n_ctx, cache_type_k,
+                    cache_type_v)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+FITS_GPU = "fits in GPU"
+FITS_RAM = "fits in RAM"
+TOO_LARGE = "too large"
+
+
+@dataclass
+class Fit:
+    """Where a model can run on this machine."""
+    kind: str  # "gpu", "partial", "ram", "too_large"
+    label: str  # "fits in GPU", "partial GPU offload (N layers)", "fits in RAM", "too large"
+    gpu_layers: int
+    ram_bytes: int  # host memory needed in that configuration
+    vram_bytes: int
+    estimate: MemoryEstimate
+    quant: str | None = None
+    file: str | None = None
+    supported: bool | None = None  # by our engine
+    note: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.kind != "too_large"
+
+
+def assess(est: MemoryEstimate, hw, *, quant: str | None = None, file: str | None = None
+           ) -> Fit:
+    """Labels an estimate against a HardwareInfo (or any object with ram_available and
+    vram_free)."""
+    ram_budget = int((getattr(hw, "ram_available", None) or 0) * RAM_USABLE_FRACTION)
+    vram_budget = max(0, int(getattr(hw, "vram_free", 0) or 0) - GPU_RESERVE_BYTES)
+    s = est.shape
+    supported = s.engine_supported
+    common = dict(estimate=est, quant=quant, file=file, supported=supported)
+    tensors = sum(s.layer_bytes) + s.other_bytes
+    host_side = est.overhead_bytes  # what stays on the host with every layer on the GPU
+    vram_all = tensors + est.kv_bytes + est.compute_bytes
+    if vram_budget and vram_all <= vram_budget and host_side <= ram_budget:
+        return Fit("gpu", FITS_GPU, s.n_layer, host_side, vram_all, **common)
+    if vram_budget and s.n_layer:
+        # llama.cpp's -ngl: the last layers first; compute buffers on the GPU too
+        room = vram_budget - est.compute_bytes
+        n, used = 0, 0
+        for il in reversed(range(s.n_layer)):
+            b = est.layer_bytes(il)
+            if used + b > room:
+                break
+            used += b
+            n += 1
+        ram_need = est.total_bytes - used
+        if n >= 1 and ram_need <= ram_budget:
+            return Fit("partial", f"partial GPU offload ({n} layers)", n, ram_need,
+                       used + est.compute_bytes, **common)
+    if est.total_bytes <= ram_budget:
+        return Fit("ram", FITS_RAM, 0, est.total_bytes, 0, **common)
+    return Fit("too_large", TOO_LARGE, 0, est.total_bytes, 0, note=(
+        f"needs {est.total_bytes / 2**30:.1f} GiB, {ram_budget / 2**30:.1f} GiB usable"),
+        **common)
+
+
+@dataclass
+class Recommendation:
+    repo: str | None
+    fits: list[Fit]  # one per quantization, listing order
+    best: Fit | None  # the highest-quality quantization that fits (and the engine runs)
+    n_ctx: int
+    shape_source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def recommend(listing, hw, n_ctx: int = 4096, *, cache_type_k: str = "f16",
+              cache_type_v: str = "f16", fetch_header: bool = True) -> Recommendation:
+    """Labels every quantization of a repository listing and picks the best that fits. One
+    header is read (the default quantization's first file, by Range request) and its shape
+    reused for the others with their own sizes; failing that, the Hub's gguf summary."""
+    from . import hub
+    notes: list[str] = []
+    groups = [g for g in listing.groups if g.size]
+    if not groups:
+        return Recommendation(listing.repo, [], None, n_ctx, "none",
+                              ["no GGUF model files with known sizes"])
+    base_group = listing.default_group()
+    shape = None
+    if fetch_header and not listing.offline:
+        try:
+            est0 = estimate_remote(listing.repo, base_group.first.path, listing.revision,
+                                   file_bytes=base_group.size, n_ctx=n_ctx,
+                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+            shape = est0.shape
+        except Exception as e:  # noqa: BLE001 - fall back to the Hub's summary
+            notes.append(f"header of {base_group.first.path} unreadable: {e}")
+    if shape is None and listing.offline:
+        from .store import hub_target
+        local = hub_target(listing.repo, base_group.first.path)
+        if local.is_file():
+            shape = estimate_file(local, n_ctx).shape
+    if shape is None:
+        if listing.gguf is None:
+            notes.append("no header and no gguf summary: sizes only")
+        shape = ModelShape.from_hub_info(listing.gguf, base_group.size)
+    fits = []
+    for g in listing.groups:
+        if not g.size:
+            continue
+        types = None
+        if g is not base_group and not shape.approximate:
+            types = _mix_types(g.quant) or shape.tensor_types
+        s = shape if g is base_group else shape.with_file_bytes(g.size, types)
+        est = estimate(s, n_ctx, cache_type_k, cache_type_v)
+        fit = assess(est, hw, quant=g.quant, file=g.first.path)
+        name_ok = hub.engine_supports(g.quant)
+        if name_ok is False:
+            fit.supported = False
+        elif fit.supported is None:
+            fit.supported = name_ok
+        if g.split:
+            fit.note = (fit.note + "; " if fit.note else "") + \
+                f"split in {len(g.files)} files (the engine loads single files only)"
+            fit.supported = False
+        fits.append(fit)
+    ok = [f for f in fits if f.fits and f.supported is not False]
+    best = min(ok, key=lambda f: (hub.quality_rank(f.quant), -f.estimate.weights_bytes),
+               default=None)
+    return Recommendation(listing.repo, fits, best, n_ctx, shape.source, notes)
+
+
+def _mix_types(quant: str | None) -> frozenset[str] | None:
+    """The ggml types a llama.cpp mix uses for its matrices (for the kernel count)."""
+    from .hub import base_quant
+    q = base_quant(quant)
+    table = {"F32": {"F32"}, "F16": {"F16"}, "BF16": {"BF16"}, "Q8_0": {"Q8_0"},
+             "Q6_K": {"Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q5_K_S": {"Q5_K", "Q6_K"},
+             "Q5_1": {"Q5_1", "Q6_K"}, "Q5_0": {"Q5_0", "Q6_K"}, "Q4_K_M": {"Q4_K", "Q6_K"},
+             "Q4_K_S": {"Q4_K", "Q6_K"}, "Q4_1": {"Q4_1", "Q6_K"}, "Q4_0": {"Q4_0", "Q6_K"},
+             "IQ4_NL": {"IQ4_NL", "Q6_K"}, "IQ4_XS": {"IQ4_XS", "Q6_K"},
+             "Q3_K_L": {"Q3_K", "Q5_K", "Q6_K"}, "Q3_K_M": {"Q3_K", "Q4_K", "Q6_K"},
+             "Q3_K_S": {"Q3_K", "Q6_K"}, "Q2_K": {"Q2_K", "Q3_K", "Q4_K", "Q6_K"},
+             "Q2_K_S": {"Q2_K", "Q4_K", "Q6_K"}}
+    t = table.get(q or "")
+    return frozenset(t) if t else None
+
+
+def engine_types_current() -> frozenset[str]:
+    """The engine's own list (imports the kernels); tests compare it with ENGINE_TYPES."""
+    from llamatui.inference.matmul import supported_matmul_types
+    return frozenset(supported_matmul_types())
+
