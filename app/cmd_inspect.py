@@ -6,11 +6,9 @@ import os
 import sys
 from collections import Counter
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from llamatui.inference.gguf import GGUFFile, GGUFValueType
 from llamatui.models.store import resolve_model
 
 ARRAY_HEAD = 8  # long arrays are summarized by their first elements
@@ -23,6 +21,7 @@ def add_arguments(p):
 
 def describe(path) -> dict:
     """Everything `inspect` shows, as plain JSON-able data."""
+    from llamatui.inference.gguf import GGUFFile  # numba: loaded only when a command needs it
     with GGUFFile.open(path) as f:
         metadata = {key: _summarize(f.metadata[key], f.metadata.types[key])
                     for key in f.metadata}
@@ -49,6 +48,8 @@ def describe(path) -> dict:
 
 
 def _summarize(value, vtype):
+    import numpy as np
+    from llamatui.inference.gguf import GGUFValueType
     if vtype.type != GGUFValueType.ARRAY:
         return value
     items = value.tolist() if isinstance(value, np.ndarray) else value

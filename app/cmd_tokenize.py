@@ -1,6 +1,4 @@
 """`llamatui tokenize -m MODEL TEXT`: the token ids of a text, as llama-tokenize --ids prints."""
-from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.tokenizer import Tokenizer
 from llamatui.models.store import resolve_model
 
 
@@ -14,6 +12,8 @@ def add_arguments(p):
 
 
 def run(args):
+    from llamatui.inference.gguf import GGUFFile  # numba: loaded only when a command needs it
+    from llamatui.inference.tokenizer import Tokenizer
     with GGUFFile.open(resolve_model(args.model)) as f:  # the vocabulary only, no weights
         tok = Tokenizer.from_metadata(f.metadata)
     ids = tok.encode(args.text, add_special=not args.no_bos, parse_special=args.parse_special)

@@ -3,7 +3,7 @@ import sys
 
 from rich.console import Console
 
-from llamatui.models.store import resolve_model
+from llamatui.models.store import mark_used, resolve_model
 
 
 def add_model_arguments(p, default_ctx: int = 4096):
@@ -37,6 +37,7 @@ def load_engine(args):
             cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
             context_policy="error" if args.no_context_shift else "shift", n_keep=args.keep,
             progress=progress if sys.stderr.isatty() else None)
+    mark_used(path)
     info = engine.info
     console.print(f"[dim]{info.name}: {info.architecture} {info.quantization}, "
                   f"{info.n_params / 1e6:.0f}M parameters, n_ctx {info.n_ctx}, "
