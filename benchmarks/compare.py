@@ -1,0 +1,151 @@
+"""llamatui against its peers, measured in one run on this machine.
+
+    python benchmarks/compare.py [-t 2] [-r 3] [--models smollm2-135m gemma3-270m]
+
+For each starter model: llama-bench's pp512 and tg128 for llamatui, and for llama.cpp (through
+llama-cpp-python) and Hugging Face transformers (PyTorch CPU, loading the same GGUF) when they are
+installed; then llamatui's time to first token from a cold process with a warm kernel cache
+(`llamatui run -n 1`: process start, load, an 8-token prompt, first token) and its peak RSS while
+generating 128 tokens. Ratios are llamatui / peer: above 1 means llamatui is faster.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+def ours(path, threads, reps):
+    out = subprocess.run([sys.executable, "-m", "llamatui.app.cli", "bench", "-m", str(path),
+                          "-p", "512", "-n", "128", "-t", str(threads), "-r", str(reps),
+                          "-o", "json"], capture_output=True, text=True, check=True).stdout
+    return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
+
+
+LLAMA_CPP_PROBE = r"""
+import json, sys, time, numpy as np
+from llama_cpp import Llama
+path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+llm = Llama(path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
+            n_threads_batch=threads, verbose=False)
+ids = np.random.default_rng(0).integers(0, llm.n_vocab(), 512).tolist()
+def pp():
+    llm.reset()  # eval() drops cache cells past n_tokens before decoding
+    llm.eval(ids)
+def tg():
+    llm.reset()  # eval() drops cache cells past n_tokens before decoding
+    for t in ids[:128]:
+        llm.eval([t])
+res = {}
+for name, fn, n in (("pp512", pp, 512), ("tg128", tg, 128)):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); fn(); ts.append(n / (time.perf_counter() - t0))
+    res[name] = sum(ts) / len(ts)
+print(json.dumps(res))
+"""
+
+TRANSFORMERS_PROBE = r"""
+import json, os, sys, time, torch
+from transformers import AutoModelForCausalLM
+path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(threads)
+model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
+                                             gguf_file=os.path.basename(path),
+                                             torch_dtype=torch.float32)
+ids = torch.randint(0, model.config.vocab_size, (1, 512))
+@torch.no_grad()
+def pp():
+    model(ids, use_cache=False)
+@torch.no_grad()
+def tg():
+    past = None
+    for i in range(128):
+        out = model(ids[:, i:i + 1], past_key_values=past, use_cache=True)
+        past = out.past_key_values
+res = {}
+for name, fn, n in (("pp512", pp, 512), ("tg128", tg, 128)):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); fn(); ts.append(n / (time.perf_counter() - t0))
+    res[name] = sum(ts) / len(ts)
+print(json.dumps(res))
+"""
+
+
+def peer(probe, module, path, threads, reps):
+    try:
+        __import__(module)
+    except ImportError:
+        return None, f"{module} not installed"
+    proc = subprocess.run([sys.executable, "-c", probe, str(path), str(threads), str(reps)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
+RSS_PROBE = r"""
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def start_and_memory(path, threads):
+    run = [sys.executable, "-m", "llamatui.app.cli", "run", "-m", str(path), "-t", str(threads),
+           "--temp", "0", "-p", "The capital of France is a city in"]
+    subprocess.run(run + ["-n", "1"], capture_output=True, check=True)  # warms the kernel cache
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(run + ["-n", "1"], capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    rss = int(subprocess.run([sys.executable, "-c", RSS_PROBE, *run, "-n", "128"],
+                             capture_output=True, text=True, check=True).stdout)
+    return min(times), rss
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    args = ap.parse_args()
+    from conftest import _starter
+
+    for name in args.models:
+        path = _starter(name)
+        print(f"\n## {path.name} (-t {args.threads}, {args.repetitions} repetitions)")
+        mine = ours(path, args.threads, args.repetitions)
+        rows = [("llamatui", mine, None)]
+        for label, probe, module in (("llama.cpp", LLAMA_CPP_PROBE, "llama_cpp"),
+                                     ("transformers", TRANSFORMERS_PROBE, "transformers")):
+            res, why = peer(probe, module, path, args.threads, args.repetitions)
+            rows.append((label, res, why))
+        print(f"| {'runtime':12s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | "
+              f"{'pp ratio':>9s} | {'tg ratio':>9s} |")
+        print(f"|{'-' * 14}|{'-' * 12}:|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|")
+        for label, res, why in rows:
+            if res is None:
+                print(f"| {label:12s} | {'—':>10s} | {'—':>10s} | {'':>9s} | {'':>9s} |  ({why})")
+                continue
+            pr = "" if label == "llamatui" else f"{mine['pp512'] / res['pp512']:8.2f}x"
+            tr = "" if label == "llamatui" else f"{mine['tg128'] / res['tg128']:8.2f}x"
+            print(f"| {label:12s} | {res['pp512']:10.1f} | {res['tg128']:10.1f} | {pr:>9s} | "
+                  f"{tr:>9s} |")
+        ttft, rss = start_and_memory(path, args.threads)
+        size = path.stat().st_size
+        print(f"\nwarm start to first token (process start, load, prompt, 1 token): {ttft:.2f} s")
+        print(f"peak RSS generating 128 tokens (n_ctx 4096): {rss / 2**20:.0f} MiB "
+              f"(model file {size / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
