@@ -71,39 +71,42 @@ class ValueType:
 # ----------------------------------------------------------------------------- reading
 
 @numba.njit(cache=True)
-def _string_array_offsets(buf, pos, count, end):
-    """Offsets of `count` length-prefixed strings starting at `pos`: (starts, ends, next_pos).
-    next_pos is -1 when a length runs past `end`."""
-    starts = np.empty(count, np.int64)
-    ends = np.empty(count, np.int64)
-    for i in range(count):
-        if pos + 8 > end:
-            return starts, ends, -1
-        n = np.int64(0)
-        for b in range(7, -1, -1):
-            n = (n << 8) | np.int64(buf[pos + b])
-        if n < 0 or n > end - pos - 8:
-            return starts, ends, -1
-        starts[i] = pos + 8
-        ends[i] = pos + 8 + n
-        pos += 8 + n
-    return starts, ends, pos
+def _read_u64(buf, pos):
+    n = np.int64(0)
+    for b in range(7, -1, -1):
+        n = (n << 8) | np.int64(buf[pos + b])
+    return n
 
 
 @numba.njit(cache=True)
-def _join_strings(buf, starts, ends):
-    """The strings' bytes joined by NUL separators, and whether any string itself holds a NUL."""
-    total = 0
-    for i in range(len(starts)):
-        total += ends[i] - starts[i] + 1
-    out = np.zeros(max(total - 1, 0), np.uint8)
+def _string_array_end(buf, pos, count, end):
+    """Where an array of `count` length-prefixed strings starting at `pos` ends; -1 when a length
+    runs past `end`. Nothing is allocated: opening a file must stay cheap."""
+    for _ in range(count):
+        if pos + 8 > end:
+            return -1
+        n = _read_u64(buf, pos)
+        if n < 0 or n > end - pos - 8:
+            return -1
+        pos += 8 + n
+    return pos
+
+
+@numba.njit(cache=True)
+def _join_strings(buf, pos, count, end_pos):
+    """The strings' bytes joined by NUL separators, and whether any string itself holds a NUL.
+    (The array was bounds-checked by _string_array_end when the file was opened.)"""
+    out = np.zeros(max(end_pos - pos - 8 * count + count - 1, 0), np.uint8)
     has_nul = False
     j = 0
-    for i in range(len(starts)):
-        for k in range(starts[i], ends[i]):
+    for _ in range(count):
+        n = _read_u64(buf, pos)
+        pos += 8
+        for k in range(pos, pos + n):
             out[j] = buf[k]
             has_nul |= buf[k] == 0
             j += 1
+        pos += n
         j += 1
     return out, has_nul
 
@@ -111,18 +114,21 @@ def _join_strings(buf, starts, ends):
 class _LazyStrings:
     """A string array decoded on first use (Gemma's vocabulary has 262,144 entries)."""
 
-    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-        self.buf, self.starts, self.ends = buf, starts, ends
+    def __init__(self, buf: np.ndarray, pos: int, count: int, end_pos: int):
+        self.buf, self.pos, self.count, self.end_pos = buf, pos, count, end_pos
 
     def decode(self) -> list[str]:
-        if len(self.starts) == 0:
+        if self.count == 0:
             return []
-        joined, has_nul = _join_strings(self.buf, self.starts, self.ends)
+        joined, has_nul = _join_strings(self.buf, self.pos, self.count, self.end_pos)
         if not has_nul:  # one decode and split in C instead of a Python loop per string
             return joined.tobytes().decode("utf-8", "surrogateescape").split("\0")
-        raw = self.buf
-        return [bytes(raw[a:b]).decode("utf-8", "surrogateescape")
-                for a, b in zip(self.starts.tolist(), self.ends.tolist())]
+        out, pos, raw = [], self.pos, self.buf
+        for _ in range(self.count):
+            n = int(_read_u64(raw, pos))
+            out.append(bytes(raw[pos + 8:pos + 8 + n]).decode("utf-8", "surrogateescape"))
+            pos += 8 + n
+        return out
 
 
 class _Reader:
@@ -196,12 +202,13 @@ class _Reader:
             # Each string takes at least its 8-byte length, so a hostile count fails here cheaply.
             if count > (self.end - self.pos) // 8:
                 raise self.fail(f"{what}: {count} strings cannot fit in the rest of the file", start)
-            starts, ends, next_pos = _string_array_offsets(self.buf, self.pos, count, self.end)
+            next_pos = _string_array_end(self.buf, self.pos, count, self.end)
             if next_pos < 0:
                 raise self.fail(f"{what}: a string in the array runs past the end of the file",
                                 start)
+            strings = _LazyStrings(self.buf, self.pos, count, int(next_pos))
             self.pos = int(next_pos)
-            return ValueType(vtype, ValueType(etype)), _LazyStrings(self.buf, starts, ends)
+            return ValueType(vtype, ValueType(etype)), strings
         # Arrays of arrays: rare and small; each element needs at least 12 bytes.
         if count > (self.end - self.pos) // 12:
             raise self.fail(f"{what}: {count} nested arrays cannot fit in the rest of the file",
