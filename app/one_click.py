@@ -88,14 +88,7 @@ class OneClickResult:
 def _source_group(listing: hub.RepoListing, ref: hub.ModelRef) -> hub.QuantGroup:
     """The unquantized file to start from: the one the reference names, else F16, BF16, F32."""
     if ref.filename or ref.quant:
-        if ref.filename:
-            f = listing.file(ref.filename)
-            if f is None:
-                raise hub.EntryNotFoundError(f"{ref.repo} has no file {ref.filename}")
-            group = next((g for g in listing.groups if f in g.files), None) or \
-                hub.QuantGroup(f.quant or f.name, [f])
-        else:
-            group = listing.select(ref.quant)
+        group = listing.group_for(ref)
         if hub.base_quant(group.quant) not in SOURCE_TYPES:
             raise StoreError(f"{ref.repo}: {group.first.path} is {group.quant}, already "
                              "quantized; quantizing again would compound the rounding errors. "

@@ -394,14 +394,7 @@ def pull(ref: str | hub.ModelRef, *, store: pathlib.Path | None = None,
         if found is not None:
             return PullResult(found.path, found.files, found.quantization, None, True)
         raise
-    if ref.filename:
-        f = listing.file(ref.filename)
-        if f is None:
-            raise hub.EntryNotFoundError(f"{ref.repo} has no file {ref.filename}")
-        group = next((g for g in listing.groups if f in g.files), None) or \
-            hub.QuantGroup(f.quant or f.name, [f])
-    else:
-        group = listing.select(ref.quant)
+    group = listing.group_for(ref)
     if not group.complete:
         raise HubError(f"{ref.repo}: the split {group.quant} file lists "
                        f"{len(group.files)} of {group.first.shard[1]} shards")

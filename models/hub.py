@@ -434,6 +434,16 @@ class RepoListing:
                                      f"({', '.join(g.quant for g in loose)})")
         raise EntryNotFoundError(f"{self.repo} has no {quant} file; quantizations: {have}")
 
+    def group_for(self, ref: "ModelRef") -> QuantGroup:
+        """The group a reference names: the one holding its file, else its tag's (see select)."""
+        if not ref.filename:
+            return self.select(ref.quant)
+        f = self.file(ref.filename)
+        if f is None:
+            raise EntryNotFoundError(f"{ref.repo} has no file {ref.filename}")
+        return next((g for g in self.groups if f in g.files), None) or \
+            QuantGroup(f.quant or f.name, [f])
+
     def file(self, path: str) -> RemoteFile | None:
         for f in self.all_files():
             if f.path == path:
