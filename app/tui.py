@@ -18,7 +18,9 @@ from llamatui.models.store import StoreError, resolve_model
 
 from .conversations import ChatSettings, ConversationStore, default_export_dir
 from .tui_chat import CHAT_ACTIONS, ChatScreen, describe_error
+from .tui_hardware import HARDWARE_ACTIONS, HardwareScreen
 from .tui_modals import ErrorModal, HelpScreen, ModelsModal, WelcomeScreen
+from .tui_models import MODELS_ACTIONS, ModelsScreen
 from .tui_widgets import store_models
 
 APP_KEYS = [
@@ -51,9 +53,19 @@ class EngineLoader:
         engine.close()
 
 
+# Screens reachable from everywhere that are not chat actions: (key, action, footer label,
+# palette title, what it does). Not in the chat footer, which is full at 120 columns; F4 shows
+# in the footers of the welcome and model manager screens (F6 there) instead.
+APP_ACTIONS = [
+    ("f4", "hardware", "Hardware", "Hardware",
+     "this machine's RAM, CPU, GPUs, disk and what it can run"),
+]
+
+
 class LlamaTUI(App):
     TITLE = "llamatui"
-    BINDINGS = [Binding("f1", "help", "Help", priority=True)]
+    BINDINGS = [Binding("f1", "help", "Help", priority=True)] + [
+        Binding(key, action, label, show=False) for key, action, label, _, _ in APP_ACTIONS]
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, model: str | None = None, *, engine_loader: EngineLoader | None = None,
@@ -69,6 +81,7 @@ class LlamaTUI(App):
         self.chat: ChatScreen | None = None
         self.last_export: pathlib.Path | None = None
         self.notifications_log: list[tuple[str, str, str]] = []
+        self.models_screen: ModelsScreen | None = None  # kept while the app runs (downloads)
 
     def notify(self, message: str, *, title: str = "", severity="information",
                timeout: float | None = None, markup: bool = False) -> None:
@@ -151,6 +164,8 @@ class LlamaTUI(App):
         self.exit()
 
     def on_unmount(self) -> None:
+        if self.models_screen is not None:
+            self.models_screen.cancel_all()  # worker threads are joined on exit
         if self.chat is not None:
             self.chat.shutdown()
         if self.store is not None:
@@ -161,7 +176,37 @@ class LlamaTUI(App):
 
     def help_keys(self) -> list[tuple[str, str, str]]:
         keys = [(key_label(k), title, what) for k, _, _, title, what in CHAT_ACTIONS]
-        return keys + [(key_label(k), name, what) for k, name, what in APP_KEYS]
+        keys += [(key_label(k), title, what) for k, _, _, title, what in APP_ACTIONS]
+        keys += [(key_label(k), name, what) for k, name, what in APP_KEYS]
+        keys += [(key_label(k), f"Models: {title}", what)
+                 for k, _, _, title, what in MODELS_ACTIONS]
+        keys += [(key_label(k), f"Hardware: {title}", what)
+                 for k, _, _, title, what in HARDWARE_ACTIONS if k != "escape"]
+        return keys
+
+    # ---------------------------------------------------------------- manager screens
+
+    def open_model_manager(self, tab: str | None = None) -> ModelsScreen:
+        """The model manager: one instance for the app's life, so downloads outlive it."""
+        if self.models_screen is None:
+            self.models_screen = ModelsScreen(tab or "local")
+            self.install_screen(self.models_screen, name="models")
+        if self.screen is not self.models_screen:
+            self.push_screen("models")
+        if tab is not None and self.models_screen.is_mounted:
+            self.models_screen.action_show_tab(tab)
+        return self.models_screen
+
+    def action_model_manager(self) -> None:
+        self.open_model_manager()
+
+    def action_hardware(self) -> None:
+        self.open_hardware()
+
+    def open_hardware(self) -> None:
+        if isinstance(self.screen, HardwareScreen):
+            return
+        self.push_screen(HardwareScreen())
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -172,6 +217,9 @@ class LlamaTUI(App):
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Help", "Show every key (F1)", self.action_help)
+        for key, action, _, title, what in APP_ACTIONS:
+            yield SystemCommand(title, f"{what} ({key_label(key)})",
+                                partial(self.run_action, action))
         if self.chat is None:
             return
         for key, action, _, title, what in CHAT_ACTIONS:
@@ -179,6 +227,9 @@ class LlamaTUI(App):
                                 partial(self._chat_action, action))
 
     async def _chat_action(self, action: str) -> None:
+        if action == "model_manager":  # a screen of its own: from anywhere
+            await self.chat.run_action(action)
+            return
         if self.screen is not self.chat:
             self.notify("Close this screen first", severity="warning")
             return

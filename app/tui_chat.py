@@ -34,6 +34,7 @@ CSS_DIR = pathlib.Path(__file__).parent
 # group show as one footer entry ("^y^b Copy").
 COPY = Binding.Group("Copy", compact=True)
 PANELS = Binding.Group("Panels", compact=True)
+MODELS = Binding.Group("Model", compact=True)  # switch model, model manager
 CHAT_ACTIONS = [
     ("escape", "stop", "Stop", "Stop generating",
      "stop the reply being written (keeps what was written)"),
@@ -50,6 +51,8 @@ CHAT_ACTIONS = [
      "system prompt, sampling, context size of this chat"),
     ("ctrl+g", "export", "Export", "Export chat to Markdown", "write this chat to a .md file"),
     ("ctrl+o", "models", "Model", "Switch model", "open another model for this chat"),
+    ("f3", "model_manager", "Models", "Model manager",
+     "local models, Hub search, downloads with fit badges"),
     ("ctrl+l", "focus_chats", "Chats", "Go to the chat list",
      "move to the saved chats (Enter opens one)"),
     ("f9", "toggle_sidebar", "Chat list", "Toggle chat list", "show or hide the saved chats"),
@@ -57,7 +60,8 @@ CHAT_ACTIONS = [
      "show or hide the engine panel"),
 ]
 FOOTER_GROUPS = {"copy_message": COPY, "copy_code": COPY, "focus_chats": PANELS,
-                 "toggle_sidebar": PANELS, "toggle_engine": PANELS}
+                 "toggle_sidebar": PANELS, "toggle_engine": PANELS,
+                 "models": MODELS, "model_manager": MODELS}
 
 
 # messages from the workers ------------------------------------------------------------------
@@ -761,6 +765,9 @@ class ChatScreen(Screen):
             self._update_hint()
 
         self.app.push_screen(ModelsModal(), chosen)
+
+    def action_model_manager(self) -> None:
+        self.app.open_model_manager()
 
     def action_focus_chats(self) -> None:
         self.auto_layout = False

@@ -29,7 +29,10 @@ class WelcomeScreen(Screen[pathlib.Path]):
     """First run: no model yet. Offers the starter models and fetches the one chosen."""
 
     CSS_PATH = [CSS_DIR / "welcome.tcss", CSS_DIR / "models.tcss"]
-    BINDINGS = [Binding("f1", "app.help", "Help")]
+    # F3/F4 as on the chat screen (tui_chat.CHAT_ACTIONS): a Hub model can be the first one
+    BINDINGS = [Binding("f1", "app.help", "Help"),
+                Binding("f3", "app.model_manager", "Models"),
+                Binding("f4", "app.hardware", "Hardware")]
 
     def compose(self) -> ComposeResult:
         yield Header()
