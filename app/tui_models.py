@@ -18,7 +18,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import (DataTable, Footer, Header, Input, Label, ProgressBar, Static,
