@@ -7,8 +7,12 @@ The F16 copies are made first (not timed; kept in a temporary folder). Each conv
 (numba compiles or loads its kernels once per process, llama-quantize has no such cost), and the
 best time is reported next to llama-quantize's on this kind of machine (2 threads, from the
 same F16 copies): SmolLM2 1.6 s (Q4_K_M) and 0.9 s (Q8_0), Gemma 3 270M 4.7 s and 2.4 s.
+When llama-cpp-python is installed, llama.cpp's own llama_model_quantize also runs on the same
+F16 file in this run: its time, and whether its output file is byte-identical to ours.
 """
 import argparse
+import ctypes
+import filecmp
 import os
 import sys
 import tempfile
@@ -44,6 +48,22 @@ def warm_up(folder, types):
         quantize_model(path, os.path.join(folder, f"tiny-{t}.gguf"), t)
 
 
+def llama_cpp_quantize(src, dst, ftype_name, threads):
+    """Seconds llama.cpp's llama_model_quantize takes, or None without llama-cpp-python."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    from llamatui.quantizer.model import parse_ftype
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = parse_ftype(ftype_name).id
+    params.nthread = threads
+    t0 = time.perf_counter()
+    if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp failed to quantize {src} to {ftype_name}")
+    return time.perf_counter() - t0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -60,7 +80,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         warm_up(folder, types)
         print(f"{'model':16s} {'type':7s} {'llamatui s':>10s} {'llama-quantize s':>16s} "
-              f"{'ratio':>6s} {'BPW':>6s}")
+              f"{'ratio':>6s} {'BPW':>6s} {'llama.cpp now s':>15s} {'same bytes':>10s}")
         for name in ("smollm2-135m", "gemma3-270m"):
             f16 = os.path.join(folder, f"{name}-F16.gguf")
             quantize_model(_starter(name), f16, "F16", allow_requantize=True)
@@ -71,10 +91,16 @@ def main():
                     t0 = time.perf_counter()
                     result = quantize_model(f16, out, t)
                     best = min(best, time.perf_counter() - t0)
-                    os.unlink(out)
+                theirs = out + ".llama-cpp.gguf"
+                now = llama_cpp_quantize(f16, theirs, t, args.threads)
+                same = "" if now is None else ("yes" if filecmp.cmp(out, theirs, False) else "NO")
+                for path in (out, theirs):
+                    if os.path.exists(path):
+                        os.unlink(path)
                 ref = LLAMA_QUANTIZE_SECONDS[(name, t)]
+                now_s = f"{now:15.2f}" if now is not None else f"{'(not installed)':>15s}"
                 print(f"{name:16s} {t:7s} {best:10.2f} {ref:16.1f} {best / ref:6.2f} "
-                      f"{result.bits_per_weight:6.2f}", flush=True)
+                      f"{result.bits_per_weight:6.2f} {now_s} {same:>10s}", flush=True)
             os.unlink(f16)
 
 
