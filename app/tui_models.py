@@ -53,11 +53,13 @@ MODELS_ACTIONS = [
      "remove the selected local model from the store"),
     ("d", "download", "Download", "Download the quantization",
      "fetch the selected quantization (also Enter)"),
+    ("q", "quantize", "Quantize", "Download and quantize",
+     "fetch the selected F16/BF16 file and quantize it here to the type that fits this machine"),
     ("x", "cancel_download", "Cancel", "Cancel the download", "stop the selected download"),
     ("ctrl+r", "refresh", "Refresh", "Refresh", "read the store / the Hub again"),
 ]
 TAB_ONLY = {"open_chat": "local", "delete_model": "local", "download": "files",
-            "cancel_download": "downloads"}
+            "quantize": "files", "cancel_download": "downloads"}
 
 FIT_STYLES = {"gpu": "bold green", "partial": "bold yellow", "ram": "green",
               "too_large": "bold red"}
@@ -161,6 +163,7 @@ class DownloadFinished(TMessage):
 class Download:
     dl_id: int
     ref: str
+    quantize: bool = False  # fetch an F16/BF16 and quantize it here (one_click)
     cancel: threading.Event = field(default_factory=threading.Event)
     state: str = "starting"  # starting, downloading, done, failed, cancelled
     done: int = 0
@@ -181,7 +184,8 @@ class DownloadRow(Vertical, can_focus=True):
         self.dl = dl
 
     def compose(self) -> ComposeResult:
-        yield Label(self.dl.ref, classes="dl-name", markup=False)
+        name = f"{self.dl.ref} → quantize" if self.dl.quantize else self.dl.ref
+        yield Label(name, classes="dl-name", markup=False)
         yield ProgressBar(total=None, show_eta=False, classes="dl-bar")
         yield Static("starting…", classes="dl-stats", markup=False)
 
@@ -601,16 +605,41 @@ class ModelsScreen(Screen):
                         severity="warning")
         self.start_download(ref)
 
-    def start_download(self, ref: str) -> Download:
+    def action_quantize(self) -> None:
+        quant = self.selected_quant()
+        if self.listing is None or quant is None:
+            self.notify("Open a repository and select its F16 or BF16 file first",
+                        severity="warning")
+            return
+        self.start_download(f"{self.listing.repo}:{quant}", quantize=True)
+
+    def start_download(self, ref: str, quantize: bool = False) -> Download:
         self._dl_ids += 1
-        dl = Download(self._dl_ids, ref)
+        dl = Download(self._dl_ids, ref, quantize)
         self.downloads[dl.dl_id] = dl
         self.query_one("#downloads-empty").display = False
         self.query_one("#downloads-list").mount(DownloadRow(dl))
-        self.notify(f"{ref}: see the Downloads tab (F5)", title="Downloading")
-        self.run_worker(lambda: self._download(dl), thread=True, exclusive=True,
+        self.notify(f"{ref}: see the Downloads tab (F5)",
+                    title="Downloading and quantizing" if quantize else "Downloading")
+        work = self._fetch_and_quantize if quantize else self._download
+        self.run_worker(lambda: work(dl), thread=True, exclusive=True,
                         exit_on_error=False, group=f"download-{dl.dl_id}")
         return dl
+
+    def _fetch_and_quantize(self, dl: Download) -> None:
+        """Thread worker: one_click's download then quantization, as download progress."""
+        from . import one_click  # the quantizer's kernels load only when asked for
+        repo = dl.ref.split(":")[0]
+
+        def progress(stage: str, done: int, total: int) -> None:
+            self.post_message(DownloadUpdate(dl.dl_id, model_download.DownloadProgress(
+                repo, "", stage, done, total or None)))
+        try:
+            result = one_click.fetch_and_quantize(dl.ref, progress=progress, cancel=dl.cancel)
+        except BaseException as e:  # noqa: BLE001 - cancelled, HubError, QuantizeError, OSError
+            self.post_message(DownloadFinished(dl.dl_id, error=e))
+            return
+        self.post_message(DownloadFinished(dl.dl_id, result=result))
 
     def _download(self, dl: Download) -> None:
         """Thread worker: the pull, reporting progress as messages."""
@@ -653,8 +682,8 @@ class ModelsScreen(Screen):
             dl.state, dl.result = "done", msg.result
             path = msg.result.path
             if dl.total is None:
-                dl.done = dl.total = sum(f.stat().st_size for f in msg.result.files
-                                         if f.exists())
+                files = getattr(msg.result, "files", None) or [path]
+                dl.done = dl.total = sum(f.stat().st_size for f in files if f.exists())
             self.notify(f"{path.name} is in your model store", title="Downloaded")
             self.refresh_local()
             if self.app.screen is self:

@@ -370,3 +370,33 @@ def test_snapshot_hardware(snap_compare, home):
         await pilot.pause()
 
     assert snap_compare(snap_app(), terminal_size=SIZE, run_before=before)
+
+
+def test_quantize_an_f16_from_the_files_tab(home, hub_server):
+    """One key: the F16 is fetched, quantized here to the type that fits, and a chat offered."""
+    hub_server.add_repo("acme/Tiny-F16", downloads=3).add("Tiny-F16.gguf", make_gguf("F16"))
+    loader = FakeLoader()
+
+    async def go():
+        app = make(loader)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = await open_models(pilot)
+            screen.open_repo("acme/Tiny-F16")
+            await wait_for(lambda: screen.repo_loads >= 1, 30, "the repository's files")
+            await pilot.pause()
+            screen.query_one("#files-table").move_cursor(row=screen.row_quants.index("F16"))
+            await pilot.pause()
+            await pilot.press("q")
+            await pilot.pause()
+            (dl,) = screen.downloads.values()
+            assert dl.quantize and dl.ref == "acme/Tiny-F16:F16"
+            await wait_for(lambda: not dl.active, 120, "the download and quantization")
+            assert dl.state == "done", (dl.state, app.notifications_log)
+            path = dl.result.path
+            assert path.is_file() and path.name == "Tiny-Q4_K_M.gguf"
+            assert not list(path.parent.glob("Tiny-F16.gguf"))  # the F16 was removed
+            await wait_for(lambda: isinstance(app.screen, ConfirmModal), 10, "the offer")
+            await pilot.press("y")
+            await wait_for(lambda: app.chat.engine is not None, 10, "the (fake) engine")
+            assert loader.loaded[-1] == str(path)
+    run(go())
