@@ -31,6 +31,9 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
+from .fp16 import fp32_to_fp16
+
 # ----------------------------------------------------------------------------- RMS norm
 
 
@@ -344,7 +347,7 @@ _GELU_TABLE = _gelu_f16_table()
 
 
 @numba.njit(cache=True, nogil=True)
-def _geglu_table(g, g16, u, table, out):
+def _geglu_table(g, u, table, out):
     n, d = g.shape
     for r in range(n):
         for i in range(d):
@@ -353,8 +356,8 @@ def _geglu_table(g, g16, u, table, out):
                 out[r, i] = 0.0
             elif x >= 10.0:
                 out[r, i] = x * u[r, i]
-            else:
-                out[r, i] = table[g16[r, i]] * u[r, i]
+            else:  # the table is indexed by x rounded to fp16, as F16C rounds
+                out[r, i] = table[fp32_to_fp16(x)] * u[r, i]
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -363,9 +366,8 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(up, dtype=np.float32)
     if g.shape != u.shape or g.ndim != 2:
         raise ValueError(f"geglu: gate {g.shape} and up {u.shape}")
-    g16 = g.astype(np.float16).view(np.uint16)  # round to nearest even, like F16C
     out = np.empty_like(g)
-    _geglu_table(g, g16, u, _GELU_TABLE, out)
+    _geglu_table(g, u, _GELU_TABLE, out)
     return out
 
 
@@ -400,7 +402,7 @@ def f16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def f32_to_f16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> uint16 fp16 bit patterns, round to nearest even (GGML_FP32_TO_FP16)."""
-    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
+    return _f32_to_f16_bits(np.asarray(x, dtype=np.float32))
 
 
 QK8_0 = 32
