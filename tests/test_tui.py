@@ -168,7 +168,7 @@ def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatc
 
 
 def test_ui_keeps_handling_input_while_generating_and_esc_stops(home, smollm2_path):
-    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=400, n_ctx=512))
+    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=None, n_ctx=512))  # ends on Esc only
 
     async def go():
         app = make_app(model=str(smollm2_path))
@@ -207,13 +207,13 @@ def test_ui_keeps_handling_input_while_generating_and_esc_stops(home, smollm2_pa
 
 
 def test_quit_mid_reply_keeps_the_partial_reply(home, smollm2_path):
-    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=400, n_ctx=512))
+    set_defaults(home, ChatSettings(temperature=0.0, max_tokens=None, n_ctx=512))  # ends on Esc only
 
     async def go():
         app = make_app(model=str(smollm2_path))
         async with app.run_test(size=SIZE) as pilot:
             await engine_ready(app)
-            await type_and_send(pilot, "Count to fifty.")
+            await type_and_send(pilot, "Tell me a long story about a dragon.")  # 400+ tokens
             await wait_for(lambda: app.chat.reply is not None and len(app.chat.reply.parts) >= 2,
                            60, "tokens")
             partial = app.chat.reply.text
@@ -222,7 +222,7 @@ def test_quit_mid_reply_keeps_the_partial_reply(home, smollm2_path):
 
     partial = run(go())
     (msgs,) = saved(home).values()
-    assert msgs[0] == ("user", "Count to fifty.", None)
+    assert msgs[0] == ("user", "Tell me a long story about a dragon.", None)
     role, content, finish = msgs[1]
     assert role == "assistant" and finish == "cancelled" and content.startswith(partial)
 
