@@ -89,6 +89,12 @@ def default_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
+def _as_tuple(stop) -> tuple:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
 def _sampling_params(sampling: Mapping) -> SamplingParams:
     known = {f.name for f in fields(SamplingParams)}
     unknown = set(sampling) - known
@@ -300,6 +306,11 @@ class Engine:
         Sampling options are SamplingParams' fields (temperature, top_k, top_p, min_p,
         repeat_penalty, seed, max_tokens, stop, logit_bias, ...); max_tokens None means until
         the end-of-generation token or the context policy stops it."""
+        if not isinstance(prompt_or_messages, str) and self._chatml_end_is_text():
+            # A model without a chat template is spoken to in ChatML (as llama.cpp does); when
+            # its vocabulary has no <|im_end|> token the model can only write it as text, so it
+            # would never produce an end-of-generation token: stop at that text instead.
+            sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), "<|im_end|>")}
         params = _sampling_params(sampling)
         ids = self.prompt_tokens(prompt_or_messages)
         if not ids:
@@ -307,6 +318,9 @@ class Engine:
         with self._lock:
             self._cancel.clear()
             yield from self._generate(ids, params)
+
+    def _chatml_end_is_text(self) -> bool:
+        return self.template.is_chatml_fallback and self.tokenizer.token_to_id("<|im_end|>") is None
 
     def _generate(self, ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
         n_ctx = self.model.n_ctx

@@ -114,3 +114,14 @@ def test_context_policies(smollm2_path):
         _, events = _text(e.generate("Count: 1, 2, 3,", temperature=0, max_tokens=150))
         assert events[-1].finish_reason == "length" and events[-1].n_generated == 150
         assert all(ev.kv_used <= 64 for ev in events)
+
+
+def test_chatml_fallback_stops_at_its_end_marker(gemma3_path):
+    # Gemma 3 270M has no chat template, so it is prompted in ChatML like llama.cpp does; its
+    # vocabulary has no <|im_end|> token, so the engine stops at that text.
+    with Engine.load(gemma3_path, n_ctx=256, threads=2, warmup=False) as e:
+        assert e.template.is_chatml_fallback and e.tokenizer.token_to_id("<|im_end|>") is None
+        text, events = _text(e.generate([{"role": "user", "content": "What is the capital of "
+                                          "France?"}], temperature=0, max_tokens=120))
+        assert events[-1].finish_reason == "stop" and "<|im_end|>" not in text
+        assert events[-1].n_generated < 120
