@@ -28,12 +28,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from filelock import FileLock, Timeout
 
 from llamatui.models import hub
 from llamatui.models.download import DownloadCancelled, pull, stage_progress
 from llamatui.models.recommend import Fit, ModelShape, assess, estimate
-from llamatui.models.store import (StoreError, _write_sidecar, free_bytes, hub_target,
+from llamatui.models.store import (StoreError, _write_sidecar, acquire_lock, free_bytes, hub_target,
                                    read_sidecar, sidecar_path, store_dir)
 
 __all__ = ["AUTO_CANDIDATES", "SOURCE_TYPES", "OneClickResult", "QuantizeCancelled",
@@ -269,11 +268,7 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
                   store=store, progress=stage_progress(report), cancel=cancel)
     src_path = pulled.path
 
-    lock = FileLock(str(out.with_name(f".{out.name}.lock")))
-    try:
-        lock.acquire(timeout=0.5)
-    except Timeout:
-        raise StoreError(f"{out.name} is being made by another process") from None
+    lock = acquire_lock(out, f"{out.name} is being made by another process")
     try:
         stage = f"Quantizing to {quant}"
         report(stage, 0, 0)

@@ -22,14 +22,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from filelock import FileLock, Timeout
 
 from llamatui.inference.gguf import GGUFError, GGUFFile
 
 from . import hub
 from .hub import HubError, HubUnreachableError, RemoteFile, hub_call
-from .store import (PARTIAL_SUFFIX, StoreError, _check_free_space, _write_sidecar, hub_target,
-                    read_sidecar, store_dir)
+from .store import (PARTIAL_SUFFIX, StoreError, _check_free_space, _write_sidecar, acquire_lock,
+                    hub_target, read_sidecar, store_dir)
 
 CHUNK = 1 << 20  # local reads (hashing a partial file)
 FREE_SPACE_MARGIN = 16 << 20
@@ -158,11 +157,7 @@ def download_file(repo: str, filename: str, *, revision: str | None = None,
                 remote is None or not remote.sha256 or side.get("sha256") == remote.sha256):
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(target.with_name(f".{target.name}.lock")))
-    try:
-        lock.acquire(timeout=0.5)
-    except Timeout:
-        raise StoreError(f"{repo}/{filename} is being downloaded by another process") from None
+    lock = acquire_lock(target, f"{repo}/{filename} is being downloaded by another process")
     try:
         if target.is_file() and read_sidecar(target).get("repo") == repo:
             return target

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import platformdirs
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 # progress(stage, done, total): stage is a short human label, done/total in bytes (total 0 = unknown)
 Progress = Callable[[str, int, int], None]
@@ -33,6 +33,17 @@ Progress = Callable[[str, int, int], None]
 
 class StoreError(RuntimeError):
     """A model could not be fetched or stored; the message says why."""
+
+
+def acquire_lock(target: pathlib.Path, busy: str) -> FileLock:
+    """Takes `.<name>.lock` beside `target` for this process (release it when done), or raises
+    StoreError(busy) when another process holds it."""
+    lock = FileLock(str(target.with_name(f".{target.name}.lock")))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        raise StoreError(busy) from None
+    return lock
 
 
 def store_dir() -> pathlib.Path:
