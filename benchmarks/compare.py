@@ -26,6 +26,18 @@ def ours(path, threads, reps):
     return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
 
 
+# Each probe defines pp() and tg(); this timing (warm-up, then mean tokens/s) follows it.
+TIMING = r"""
+res = {}
+for name, fn, n in (("pp512", pp, 512), ("tg128", tg, 128)):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); fn(); ts.append(n / (time.perf_counter() - t0))
+    res[name] = sum(ts) / len(ts)
+print(json.dumps(res))
+"""
+
 LLAMA_CPP_PROBE = r"""
 import json, sys, time, numpy as np
 from llama_cpp import Llama
@@ -40,14 +52,6 @@ def tg():
     llm.reset()  # eval() drops cache cells past n_tokens before decoding
     for t in ids[:128]:
         llm.eval([t])
-res = {}
-for name, fn, n in (("pp512", pp, 512), ("tg128", tg, 128)):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter(); fn(); ts.append(n / (time.perf_counter() - t0))
-    res[name] = sum(ts) / len(ts)
-print(json.dumps(res))
 """
 
 TRANSFORMERS_PROBE = r"""
@@ -68,14 +72,6 @@ def tg():
     for i in range(128):
         out = model(ids[:, i:i + 1], past_key_values=past, use_cache=True)
         past = out.past_key_values
-res = {}
-for name, fn, n in (("pp512", pp, 512), ("tg128", tg, 128)):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter(); fn(); ts.append(n / (time.perf_counter() - t0))
-    res[name] = sum(ts) / len(ts)
-print(json.dumps(res))
 """
 
 
@@ -84,7 +80,8 @@ def peer(probe, module, path, threads, reps):
         __import__(module)
     except ImportError:
         return None, f"{module} not installed"
-    proc = subprocess.run([sys.executable, "-c", probe, str(path), str(threads), str(reps)],
+    proc = subprocess.run([sys.executable, "-c", probe + TIMING, str(path), str(threads),
+                           str(reps)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
