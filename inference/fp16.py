@@ -1,7 +1,11 @@
 """Bit-exact float conversions in numba: ggml's fp32 -> fp16 (round to nearest even, overflow
 to inf, NaN to 0x7E00), fp16 -> fp32, and float32 <-> IEEE bits. Shared by the engine (GEGLU's
 fp16 table lookup, the f16 KV cache) and the quantizer."""
+import platform
+
+import llvmlite.binding as llvm
 import numpy as np
+from llvmlite import ir
 from numba import njit, types, vectorize
 from numba.extending import intrinsic
 
@@ -77,3 +81,24 @@ def fp16_to_fp32(h):
 def f32_to_f16_bits(x):
     """float32 array -> fp16 bit patterns (uint16), as GGML_FP32_TO_FP16."""
     return np.uint16(fp32_to_fp16(x))
+
+
+# x86 has a vector fp32 -> fp16 instruction with F16C (ggml's CPU uses it there); ARM64 always has
+# one. Elsewhere LLVM would call a runtime helper numba does not link, so the bit tricks stay.
+HAS_HW_FP16 = platform.machine().lower() in ("aarch64", "arm64") or \
+    "+f16c" in llvm.get_host_cpu_features().flatten().split(",")
+
+
+@intrinsic
+def fp32_to_fp16_hw(typingctx, value):
+    """fp32 -> fp16 bits (uint32) by the CPU's conversion (LLVM fptrunc): round to nearest even,
+    overflow to inf, as fp32_to_fp16 for every non-NaN input, and vectorizable. Only where
+    HAS_HW_FP16."""
+    if value != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        half = builder.fptrunc(args[0], ir.HalfType())
+        return builder.zext(builder.bitcast(half, ir.IntType(16)), ir.IntType(32))
+
+    return types.uint32(types.float32), codegen

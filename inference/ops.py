@@ -6,12 +6,13 @@
   `theta_scale = base^(-2/n_dims)` step by step across pairs, `cos(freq_scale * theta / ff)`),
   rotating consecutive pairs (NORM) or `(i, i + n_dims/2)` (NEOX); dims past `n_dims` are left as
   they are.
-- `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` sums in float64.
+- `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` (ggml's vector
+  expf, `exp_f32`), sums in float64.
 - `attention`: softmax(q·kᵀ·scale + mask)·v with grouped-query heads (query head `h` reads KV
   head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting). A few query tokens
   (decoding) go through one fused numba kernel that reads an f16 cache's bits directly and skips
-  masked cells; more (a prompt) through BLAS, a chunk of query rows at a time so the score matrix
-  stays small.
+  masked cells; more (a prompt) through the matmul module's GEMM, a chunk of query rows at a time
+  over only the cells the chunk can see.
 - `build_kq_mask`: llama.cpp's KQ mask (0 or -inf) from the cells' positions and sequences:
   a key is visible when its cell belongs to the token's first sequence, its position is not after
   the token's, and (sliding window) `pos_q - pos_k < n_swa`.
@@ -19,8 +20,8 @@
   (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32.
 - f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
 
-The kernels are serial on purpose: next to the matrix products they are cheap, and a second
-parallel region per op would only fight the matmul kernels' threads for the cores.
+Element-wise kernels run on numba's threads for a prompt's worth of rows and on the calling
+thread alone for a token's (waking threads costs more than a few thousand values take).
 """
 from __future__ import annotations
 
@@ -32,15 +33,21 @@ from numba.core import types
 from numba.extending import overload
 
 from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
-from .fp16 import fp32_to_fp16
+from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
+from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
+from .matmul_kernels import gemm_f32
+from .matmul_simd import threads_get, threads_set
 
 # ----------------------------------------------------------------------------- RMS norm
 
 
-@numba.njit(cache=True, nogil=True)
-def _rms_norm_rows(x, w, eps, out):
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _rms_norm_rows(x, w, eps, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
     n_rows, d = x.shape
-    for r in range(n_rows):
+    for r in numba.prange(n_rows):
         s = 0.0
         for i in range(d):
             s += np.float64(x[r, i] * x[r, i])
@@ -48,6 +55,8 @@ def _rms_norm_rows(x, w, eps, out):
         scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
         for i in range(d):
             out[r, i] = (x[r, i] * scale) * w[i]
+    if serial:
+        threads_set(threads)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -58,7 +67,8 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         raise ValueError(f"rms_norm: weight of shape {w.shape} for rows of {d}")
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
     out = np.empty_like(x2)
-    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
+    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out,
+                   x2.size < PARALLEL_MIN_VALUES)
     return out.reshape(shape)
 
 
@@ -131,28 +141,66 @@ def rope_inplace(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_dims: int,
 # ----------------------------------------------------------------------------- softmax / attention
 
 
+# ggml_v_expf's constants (ARM's optimized-routines expf): 2^n by the exponent bits, times a
+# degree-5 polynomial on the remainder; ~1.5 ulp, and a loop of it vectorizes
+_EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))
+_EXP_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+_EXP_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
+_EXP_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+_EXP_C = tuple(np.float32(float.fromhex(h)) for h in (
+    "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1"))
+_EXP_MIN = np.float32(-87.0)  # below, 2^n leaves the normal range: the result is taken as 0
+
+
+# contract only: reassociation would fold (x * log2e + shift) - shift into x * log2e
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def exp_f32(x):
+    """exp(x) for float32 x <= 88 as ggml's vector expf computes it; 0 below -87 (and for -inf),
+    NaN for NaN."""
+    z = x * _EXP_LOG2E + _EXP_SHIFT
+    n = z - _EXP_SHIFT  # x * log2(e) rounded to an integer
+    b = x - n * _EXP_LN2_HI
+    b = b - n * _EXP_LN2_LO
+    u = b * b
+    c4, c3, c2, c1, c0 = _EXP_C
+    j = ((c4 * b + c3) * u + (c2 * b + c1)) * u + (c0 * b + np.float32(1.0))
+    # z's low mantissa bits hold n: shifted into the exponent field of 1.0 they make 2^n
+    scale = bits_f32((f32_bits(z) << np.uint32(23)) + np.uint32(0x3F800000))
+    r = j * scale
+    return np.float32(0.0) if x < _EXP_MIN else r
+
+
 @numba.njit(cache=True, nogil=True)
+def _exp_values(x, out):
+    for i in range(x.size):
+        out[i] = exp_f32(x[i])
+
+
+def exp_values(x: np.ndarray) -> np.ndarray:
+    """exp_f32 over a float32 array (1-D)."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty_like(x)
+    _exp_values(x, out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
 def _softmax_masked(s, mask, scale):
-    # s: (B, n, n_kv) scores, mask: (n, n_kv)
+    # s: (B, n, n_kv) scores, mask: (n, n_kv); rows in parallel (a prompt's chunk has hundreds)
     b_count, n, n_kv = s.shape
-    for r in range(b_count * n):
+    for r in numba.prange(b_count * n):
         b = r // n
         t = r % n
         mx = np.float32(-np.inf)
         for j in range(n_kv):
             v = s[b, t, j] * scale + mask[t, j]
             s[b, t, j] = v
-            if v > mx:
-                mx = v
+            mx = max(mx, v)
+        for j in range(n_kv):
+            s[b, t, j] = exp_f32(s[b, t, j] - mx)  # masked cells: exp(-inf) = 0
         total = 0.0
         for j in range(n_kv):
-            v = s[b, t, j]
-            if v == -np.inf:
-                s[b, t, j] = 0.0
-            else:
-                e = np.float32(math.exp(v - mx))
-                s[b, t, j] = e
-                total += np.float64(e)
+            total += np.float64(s[b, t, j])
         inv = np.float32(1.0 / total)
         for j in range(n_kv):
             s[b, t, j] *= inv
@@ -165,14 +213,11 @@ def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float) -> np.
     return s
 
 
-# scores kept per chunk of query rows: n_head * rows * n_kv floats at most (~32 MiB)
-_ATTN_SCORE_BUDGET = 8 << 20
-
-
-# at most this many query tokens go through the fused kernel (decode); more through BLAS
+# at most this many query tokens go through the fused kernel (decode); more through the GEMM
 ATTN_FUSED_MAX_TOKENS = 8
-# query rows per BLAS chunk
-ATTN_CHUNK_TOKENS = 128
+# query rows per GEMM chunk: causal masks let a chunk skip the cells after its last token, so
+# smaller chunks skip more (64 of 512 tokens: 56 % of the full score matrix is computed)
+ATTN_CHUNK_TOKENS = 64
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -187,39 +232,87 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     if n_head % n_head_kv:
         raise ValueError(f"attention: {n_head} query heads over {n_head_kv} KV heads")
     mask = np.ascontiguousarray(mask, dtype=np.float32)
+    k2 = np.ascontiguousarray(k).reshape(n_kv, n_head_kv * d_k)
+    v2 = np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v)
+    q = np.ascontiguousarray(q, dtype=np.float32)
     if n <= ATTN_FUSED_MAX_TOKENS:
         out = np.empty((n, n_head, d_v), np.float32)
-        _attention_rows(np.ascontiguousarray(q, dtype=np.float32),
-                        np.ascontiguousarray(k).reshape(n_kv, n_head_kv * d_k),
-                        np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v),
-                        F16_TO_F32, mask, np.float32(scale), out)
+        _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), out)
         return out.reshape(n, n_head * d_v)
-    if k.dtype == np.uint16:
-        k = f16_bits_to_f32(k.reshape(n_kv, -1)).reshape(k.shape)
-    if v.dtype == np.uint16:
-        v = f16_bits_to_f32(v.reshape(n_kv, -1)).reshape(v.shape)
+    if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
+        return _attention_numpy(q, k2, v2, mask, scale, d_k, d_v)
+    return _attention_gemm(q, k2, v2, mask, scale, d_k, d_v)
+
+
+def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
+    """A prompt's attention through the numba GEMM (both matrix products use every thread).
+    K and V are converted once to float32 per KV head, K as rows (cell, d_k), V transposed
+    (d_v, cell) so that both products are `x @ wᵀ`; cells are zero-padded to whole 16-cell vectors
+    (masked out, so they weigh exactly 0)."""
+    n, n_head, _ = q.shape
+    n_kv = mask.shape[1]
+    n_head_kv = k2.shape[1] // d_k
     grp = n_head // n_head_kv
-    kt = k.transpose(1, 2, 0)  # (n_head_kv, d_k, n_kv)
-    vh = v.transpose(1, 0, 2)  # (n_head_kv, n_kv, d_v)
+    n_pad = -(-n_kv // 16) * 16
+    kf = np.zeros((n_head_kv, n_pad, d_k), np.float32)
+    vt = np.zeros((n_head_kv, d_v, n_pad), np.float32)
+    _kv_heads_f32(k2, v2, F16_TO_F32, kf, vt)
+    kf.flags.writeable = False  # read-only, as weights are: the GEMM's compiled signature
+    mask_p = np.full((n, n_pad), -np.inf, np.float32)
+    mask_p[:, :n_kv] = mask
+    visible = mask_p == 0
     out = np.empty((n, n_head, d_v), np.float32)
-    # chunks of query rows: bounded score memory, and (causal, sliding window) only the span of
-    # cells a chunk can see is multiplied; masked cells would contribute exact zeros anyway
-    chunk = max(1, min(ATTN_CHUNK_TOKENS, _ATTN_SCORE_BUDGET // max(1, n_head * n_kv)))
-    visible = mask == 0
-    for t0 in range(0, n, chunk):
-        t1 = min(n, t0 + chunk)
+    for t0 in range(0, n, ATTN_CHUNK_TOKENS):
+        t1 = min(n, t0 + ATTN_CHUNK_TOKENS)
         m = t1 - t0
+        # only the span of cells this chunk can see (causal, sliding window), in whole vectors
         cols = np.flatnonzero(visible[t0:t1].any(axis=0))
         lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, 1)
-        # (n_head_kv, grp * m, d_k): heads of one KV group stacked row-wise
-        qh = q[t0:t1].reshape(m, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(
-            n_head_kv, grp * m, d_k)
-        s = np.matmul(qh, kt[:, :, lo:hi])  # (n_head_kv, grp * m, hi - lo)
-        softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale)
-        o = np.matmul(s, vh[:, lo:hi])  # (n_head_kv, grp * m, d_v)
-        out[t0:t1] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(
-            m, n_head, d_v)
+        lo, hi = lo // 16 * 16, min(n_pad, -(-hi // 16) * 16)
+        chunk_mask = np.ascontiguousarray(mask_p[t0:t1, lo:hi])
+        for g in range(n_head_kv):
+            # the group's query heads stacked row-wise: (grp * m, d_k)
+            qh = np.ascontiguousarray(q[t0:t1, g * grp:(g + 1) * grp].transpose(1, 0, 2)).reshape(
+                grp * m, d_k)
+            s = np.empty((grp * m, hi - lo), np.float32)
+            gemm_f32(qh, kf[g, lo:hi], s, 0, 2 * s.size * d_k < PARALLEL_MIN_FLOPS)
+            softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale)
+            vs = np.ascontiguousarray(vt[g, :, lo:hi])
+            vs.flags.writeable = False
+            o = np.empty((grp * m, d_v), np.float32)
+            gemm_f32(s, vs, o, 0, 2 * o.size * (hi - lo) < PARALLEL_MIN_FLOPS)
+            out[t0:t1, g * grp:(g + 1) * grp] = o.reshape(grp, m, d_v).transpose(1, 0, 2)
     return out.reshape(n, n_head * d_v)
+
+
+def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
+    """The batch path for head sizes that are not whole 16-lane vectors: numpy matmuls."""
+    n, n_head, _ = q.shape
+    n_kv = mask.shape[1]
+    n_head_kv = k2.shape[1] // d_k
+    grp = n_head // n_head_kv
+    k = (f16_bits_to_f32(k2) if k2.dtype == np.uint16 else k2).reshape(n_kv, n_head_kv, d_k)
+    v = (f16_bits_to_f32(v2) if v2.dtype == np.uint16 else v2).reshape(n_kv, n_head_kv, d_v)
+    qh = q.reshape(n, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(n_head_kv, grp * n, d_k)
+    s = np.matmul(qh, k.transpose(1, 2, 0))  # (n_head_kv, grp * n, n_kv)
+    softmax_masked_inplace(s.reshape(n_head, n, n_kv), mask, scale)
+    o = np.matmul(s, v.transpose(1, 0, 2))  # (n_head_kv, grp * n, d_v)
+    return np.ascontiguousarray(o.reshape(n_head_kv, grp, n, d_v).transpose(2, 0, 1, 3)).reshape(
+        n, n_head * d_v)
+
+
+@numba.njit(cache=True, nogil=True)
+def _kv_heads_f32(k, v, lut, kf, vt):
+    # k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) f32 or fp16 bits -> kf (Hkv, n_pad, Dk), vt (Hkv, Dv, n_pad)
+    n_kv = k.shape[0]
+    n_head_kv, _, d_k = kf.shape
+    d_v = vt.shape[1]
+    for g in range(n_head_kv):
+        for j in range(n_kv):
+            for c in range(d_k):
+                kf[g, j, c] = _load(k, j, g * d_k + c, lut)
+            for c in range(d_v):
+                vt[g, c, j] = _load(v, j, g * d_v + c, lut)
 
 
 def _load(a, i, j, lut):
@@ -264,7 +357,7 @@ def _attention_rows(q, k, v, lut, mask, scale, out):
                     mx = max(mx, s[r, j])
                 total = 0.0
                 for j in range(n_kv):
-                    e = np.float32(math.exp(s[r, j] - mx))
+                    e = exp_f32(s[r, j] - mx)
                     s[r, j] = e
                     total += np.float64(e)
                 inv = np.float32(1.0 / total)
@@ -346,18 +439,27 @@ def _gelu_f16_table() -> np.ndarray:
 _GELU_TABLE = _gelu_f16_table()
 
 
-@numba.njit(cache=True, nogil=True)
-def _geglu_table(g, u, table, out):
+# the table index: x rounded to fp16 as F16C rounds (the CPU's instruction where there is one)
+_fp16_index = fp32_to_fp16_hw if HAS_HW_FP16 else fp32_to_fp16
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _geglu_table(g, u, table, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
     n, d = g.shape
-    for r in range(n):
+    for r in numba.prange(n):
         for i in range(d):
             x = g[r, i]
+            y = table[_fp16_index(x)] * u[r, i]  # branch-free, so the loop vectorizes
             if x <= -10.0:
-                out[r, i] = 0.0
+                y = np.float32(0.0)
             elif x >= 10.0:
-                out[r, i] = x * u[r, i]
-            else:  # the table is indexed by x rounded to fp16, as F16C rounds
-                out[r, i] = table[fp32_to_fp16(x)] * u[r, i]
+                y = x * u[r, i]
+            out[r, i] = y
+    if serial:
+        threads_set(threads)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -367,7 +469,7 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     if g.shape != u.shape or g.ndim != 2:
         raise ValueError(f"geglu: gate {g.shape} and up {u.shape}")
     out = np.empty_like(g)
-    _geglu_table(g, u, _GELU_TABLE, out)
+    _geglu_table(g, u, _GELU_TABLE, out, g.size < PARALLEL_MIN_VALUES)
     return out
 
 

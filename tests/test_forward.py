@@ -172,6 +172,33 @@ def test_elementwise_kernels():
     assert (got[3, :32] == 0).all() and (got[3, 32:] == 11.0).all()
 
 
+def test_elementwise_kernels_on_a_prompt_match_ggml_exactly():
+    """Prompt-sized inputs take the parallel kernels (and the CPU's fp16 conversion where there
+    is one): GEGLU is ggml's fp16-table lookup bit for bit, RMS norm equals row-at-a-time."""
+    rng = np.random.default_rng(7)
+    g = (rng.standard_normal((300, 512)) * 4).astype(np.float32)
+    g[0, :6] = [-10.0, 10.0, 9.999, -9.999, 65504.0, 1e-8]
+    u = rng.standard_normal((300, 512)).astype(np.float32)
+    table = ops._gelu_f16_table()
+    looked_up = table[g.astype(np.float16).view(np.uint16)] * u  # numpy rounds to nearest even
+    want = np.where(g <= -10, np.float32(0), np.where(g >= 10, g * u, looked_up))
+    np.testing.assert_array_equal(ops.geglu(g, u), want)
+    w = rng.standard_normal(512).astype(np.float32)
+    whole = ops.rms_norm(g, w, 1e-6)
+    assert all(np.array_equal(whole[i:i + 1], ops.rms_norm(g[i:i + 1], w, 1e-6))
+               for i in (0, 151, 299))
+
+
+def test_exp_matches_float64_within_two_ulp():
+    x = np.concatenate([np.linspace(-87, 0, 100_001), np.linspace(0, 88, 1001)]).astype(
+        np.float32)
+    got = ops.exp_values(x)
+    want = np.exp(x.astype(np.float64))
+    assert (np.abs(got - want) / want).max() < 2.5e-7  # float32 ulp: 1.2e-7
+    assert (ops.exp_values(np.float32([-np.inf, -88.0, -1e30])) == 0).all()
+    assert np.isnan(ops.exp_values(np.float32([np.nan]))).all()
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope_rotates_the_right_pairs(neox):
     rng = np.random.default_rng(6)
@@ -190,13 +217,14 @@ def test_rope_rotates_the_right_pairs(neox):
     np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
 
 
-@pytest.mark.parametrize("n", [1, 3, 20])
+@pytest.mark.parametrize("n,d", [(1, 16), (3, 16), (20, 16), (150, 32), (20, 24)])
 @pytest.mark.parametrize("f16", [False, True])
-def test_attention_kernels_against_float64(n, f16):
-    """The fused (few tokens) and BLAS (many tokens) paths against a float64 reference, with
+def test_attention_kernels_against_float64(n, d, f16):
+    """The fused (few tokens), GEMM (many tokens, chunks of query rows over the cells each can
+    see) and numpy (head sizes not a multiple of 16) paths against a float64 reference, with
     grouped KV heads, a causal + sliding-window mask, and fp16-bit K/V."""
     rng = np.random.default_rng(n)
-    n_head, n_head_kv, d, n_kv = 6, 2, 16, 30
+    n_head, n_head_kv, n_kv = 6, 2, max(30, n + 7)
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
     v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
