@@ -10,12 +10,42 @@ moves activations between backends with `take`, so another backend (CuPy, for ll
 """
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import numba
 import numpy as np
 
 from . import ops
 from .ggml_types import GGML_TYPES
 from .matmul import embedding_rows, matmul
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_heap_kept = False
+
+
+def keep_freed_memory_in_heap() -> None:
+    """Tells glibc's malloc to serve large arrays from its heap and keep freed memory there.
+
+    By default each activation array over ~128 KiB is a fresh mmap that is unmapped when freed, so
+    every layer page-faults its buffers in again: about 10 % of a 512-token prompt here. With
+    this they are reused; peak RSS is unchanged (memory freed after a prompt stays with the
+    process, as llama.cpp's compute buffers do). A no-op off glibc."""
+    global _heap_kept
+    if _heap_kept or not sys.platform.startswith("linux"):
+        return
+    _heap_kept = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):  # musl and others: no mallopt
+        pass
+
+
+# at import, before a model's tokenizer fills the heap with small objects: set later, it helps less
+keep_freed_memory_in_heap()
 
 
 class QWeight:
