@@ -194,11 +194,13 @@ class ChatTemplate:
 
     @classmethod
     def from_metadata(cls, metadata: Mapping, *, add_bos: bool | None = None,
-                      add_eos: bool | None = None) -> "ChatTemplate":
+                      add_eos: bool | None = None,
+                      tokens: Sequence[str] | None = None) -> "ChatTemplate":
         """From a GGUF file's metadata: `tokenizer.chat_template` (else
         `tokenizer.chat_template.tool_use`, else ChatML), the BOS/EOS texts from
         `tokenizer.ggml.tokens` and `tokenizer.ggml.{bos,eos}_token_id`, and whether the tokenizer
-        adds BOS/EOS (`tokenizer.ggml.add_{bos,eos}_token`; pass add_bos/add_eos to override)."""
+        adds BOS/EOS (`tokenizer.ggml.add_{bos,eos}_token`; pass add_bos/add_eos to override).
+        `tokens` (a Tokenizer's `vocab`, say) spares decoding the vocabulary list again."""
         source = metadata.get("tokenizer.chat_template")
         if not source:
             source = metadata.get("tokenizer.chat_template.tool_use")
@@ -206,7 +208,8 @@ class ChatTemplate:
             raise ChatTemplateError(
                 f"tokenizer.chat_template must be a string, got {type(source).__name__}")
 
-        tokens = metadata.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            tokens = metadata.get("tokenizer.ggml.tokens")
 
         def token_text(key: str) -> str:
             tid = metadata.get(key)

@@ -161,7 +161,7 @@ class Engine:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
             template = ChatTemplate.from_metadata(gguf.metadata, add_bos=tokenizer.add_bos,
-                                                  add_eos=tokenizer.add_eos)
+                                                  add_eos=tokenizer.add_eos, tokens=tokenizer.vocab)
             report("Loading weights", 2, 3)
             model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
                                cache_type_v=cache_type_v)

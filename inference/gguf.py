@@ -111,11 +111,35 @@ def _join_strings(buf, pos, count, end_pos):
     return out, has_nul
 
 
+@numba.njit(cache=True)
+def _pack_strings(buf, pos, count, end_pos):
+    """The strings' bytes back to back and their offsets (count + 1). (Bounds-checked at open.)"""
+    blob = np.empty(max(end_pos - pos - 8 * count, 0), np.uint8)
+    offsets = np.empty(count + 1, np.int64)
+    j = 0
+    for i in range(count):
+        offsets[i] = j
+        n = _read_u64(buf, pos)
+        pos += 8
+        blob[j:j + n] = buf[pos:pos + n]
+        j += n
+        pos += n
+    offsets[count] = j
+    return blob, offsets
+
+
 class _LazyStrings:
     """A string array decoded on first use (Gemma's vocabulary has 262,144 entries)."""
 
     def __init__(self, buf: np.ndarray, pos: int, count: int, end_pos: int):
         self.buf, self.pos, self.count, self.end_pos = buf, pos, count, end_pos
+
+    def packed(self) -> tuple[bytes, np.ndarray]:
+        """(blob, offsets): string i is blob[offsets[i]:offsets[i + 1]], UTF-8 as stored."""
+        if self.count == 0:
+            return b"", np.zeros(1, np.int64)
+        blob, offsets = _pack_strings(self.buf, self.pos, self.count, self.end_pos)
+        return blob.tobytes(), offsets
 
     def decode(self) -> list[str]:
         if self.count == 0:
@@ -244,6 +268,14 @@ class Metadata(Mapping):
         if key not in self._decoded:
             self._decoded[key] = _plain(self._raw[key])
         return self._decoded[key]
+
+    def packed_strings(self, key) -> tuple[bytes, np.ndarray] | None:
+        """A string array as (blob, offsets) (string i is blob[offsets[i]:offsets[i + 1]]) without
+        a Python str per element; None when `key` is not a string array. Not cached."""
+        value = self._raw.get(key)
+        if isinstance(value, _LazyStrings):
+            return value.packed()
+        return None
 
     def __iter__(self):
         return iter(self._raw)

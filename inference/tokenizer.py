@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import codecs
 import re
+from array import array
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_decode
 from .tokenizer_spm import SPMModel
+from .vocab import Vocab
 
 # llama_token_attr bits
 ATTR_UNDEFINED = 0
@@ -85,10 +87,18 @@ def _raw_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _to_list(value) -> list:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return list(value)
+def _load_vocab(md: Mapping) -> Vocab:
+    """tokenizer.ggml.tokens as a Vocab: packed straight from the file when the metadata can
+    (no str per token), else from the list; empty texts become "[EMPTY_<id>]" as in llama.cpp."""
+    packed = getattr(md, "packed_strings", lambda key: None)(_KEY + "tokens")
+    if packed is not None and (np.diff(packed[1]) > 0).all():
+        return Vocab(*packed)
+    tokens = md.get(_KEY + "tokens")
+    if tokens is None:
+        raise ValueError("cannot find tokenizer vocab (tokenizer.ggml.tokens)")
+    tokens = [t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
+              for t in tokens]
+    return Vocab.from_texts(t or f"[EMPTY_{i}]" for i, t in enumerate(tokens))
 
 
 class Tokenizer:
@@ -128,34 +138,16 @@ class Tokenizer:
         self.clean_spaces: bool = clean_spaces
 
         # --- the vocabulary
-        tokens = md.get(_KEY + "tokens")
-        if tokens is None:
-            raise ValueError("cannot find tokenizer vocab (tokenizer.ggml.tokens)")
-        tokens = list(tokens)
-        if set(map(type, tokens)) - {str}:
-            tokens = [t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
-                      for t in tokens]
-        n = len(tokens)
-        if "" in tokens:
-            for i in [i for i, t in enumerate(tokens) if not t]:
-                tokens[i] = f"[EMPTY_{i}]"
-        token_to_id = dict(zip(tokens, range(n)))
-        if len(token_to_id) != n:
-            seen: dict[str, int] = {}
-            for i, t in enumerate(tokens):
-                if t in seen:
-                    raise ValueError(
-                        f"duplicate token in vocabulary: {t!r} has ids {seen[t]} and {i}")
-                seen[t] = i
-        self._tokens: list[str] = tokens
-        self._token_to_id: dict[str, int] = token_to_id
+        self._vocab = vocab = _load_vocab(md)
+        n = len(vocab)
         self.n_vocab: int = n
 
         scores = md.get(_KEY + "scores")
         if scores is not None and len(scores) < n:
             raise ValueError(f"fewer scores ({len(scores)}) than tokens ({n})")
-        self._scores: list[float] = (np.asarray(scores, dtype=np.float32)[:n].tolist()
-                                     if scores is not None else [0.0] * n)
+        # array('f'): a Python float per token would take 8 MiB for Gemma 3
+        self._scores = array("f", np.asarray(scores, dtype=np.float32)[:n].tobytes()
+                             if scores is not None else bytes(4 * n))
 
         types = md.get(_KEY + "token_type")
         if types is not None:
@@ -168,7 +160,7 @@ class Tokenizer:
             attr_np[bad] = ATTR_UNDEFINED
         else:
             attr_np = np.full(n, ATTR_NORMAL, dtype=np.int64)
-        self._attr: list[int] = attr_np.tolist()
+        self._attr = array("q", attr_np.astype(np.int64).tobytes())
         self._touched: set[int] = set()  # ids whose attributes the heuristics below changed
         self._control_ids: list[int] = np.nonzero(attr_np & ATTR_CONTROL)[0].tolist()
 
@@ -207,27 +199,28 @@ class Tokenizer:
         # --- special tokens cache: longest text (in bytes) first
         candidates = set(np.nonzero(attr_np & _SPECIAL_ATTRS)[0].tolist()) | self._touched
         special = sorted(i for i in candidates if self._attr[i] & _SPECIAL_ATTRS)
-        special.sort(key=lambda i: -len(_raw_bytes(tokens[i])))
+        special.sort(key=lambda i: -len(_raw_bytes(vocab.text(i))))
         self._special_ids: list[int] = special
+        self._special_texts: list[str] = [vocab.text(i) for i in special]
         self._set_strip_attrs(md)
 
-        self._pieces: list[bytes | None] = [None] * n
+        self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
 
         if self.vocab_type == "bpe":
             merges = md.get(_KEY + "merges")
             if merges is None:
                 raise ValueError("cannot find tokenizer merges (tokenizer.ggml.merges)")
-            self._bpe = BPEModel(token_to_id, merges, pre_cfg)
+            self._bpe = BPEModel(vocab, merges, pre_cfg)
             self._spm = None
         else:
             byte_ids: list[int | None] = []
             for b in range(256):
-                tid = token_to_id.get(f"<0x{b:02X}>")
+                tid = vocab.get(f"<0x{b:02X}>")
                 if tid is None:
-                    tid = token_to_id.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+                    tid = vocab.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
                 byte_ids.append(tid)
             self._byte_ids = byte_ids
-            self._spm = SPMModel(token_to_id, self._scores, byte_ids, ids["unk"])
+            self._spm = SPMModel(vocab, self._scores, byte_ids, ids["unk"])
             self._bpe = None
         self._nl_id: int | None = None
 
@@ -245,10 +238,10 @@ class Tokenizer:
 
     def _detect_special(self, ids: dict) -> None:
         """EOT/EOM/FIM detection by text, 'unused' marking and the end-of-generation set."""
-        tok, attr = self._token_to_id, self._attr
+        tok, attr = self._vocab, self._attr
 
         def found(texts):
-            present = [tok[t] for t in texts if t in tok]
+            present = [tok.get(t) for t in texts if t in tok]
             return min(present) if present else None
 
         touched = self._touched
@@ -268,7 +261,7 @@ class Tokenizer:
 
         for tid in set(self._control_ids) | touched:
             a = attr[tid]
-            if a & ATTR_CONTROL and not a & ATTR_UNUSED and "unused" in self._tokens[tid]:
+            if a & ATTR_CONTROL and not a & ATTR_UNUSED and "unused" in self._vocab.text(tid):
                 attr[tid] = a | ATTR_UNUSED
 
         eog: set[int] = set()
@@ -288,7 +281,7 @@ class Tokenizer:
         for name in ("eos", "eot", "eom"):
             if ids[name] is not None:
                 eog.add(ids[name])
-        texts = {self._tokens[t]: t for t in eog}
+        texts = {self._vocab.text(t): t for t in eog}
         # o200k_harmony / solar-open: "<|end|>" is not end-of-generation there
         calls = "<|call|>" in texts or "<|calls|>" in texts
         if "<|end|>" in texts and calls and ("<|return|>" in texts or "<|flush|>" in texts):
@@ -306,11 +299,11 @@ class Tokenizer:
         name = str(md.get("general.name", "") or "").lower()
         pre = self.pre
         arch = str(md.get("general.architecture", "") or "")
-        tok, attr = self._token_to_id, self._attr
+        tok, attr = self._vocab, self._attr
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
                 s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
             if "<mask>" in tok:
-                attr[tok["<mask>"]] |= ATTR_LSTRIP
+                attr[tok.get("<mask>")] |= ATTR_LSTRIP
         elif "phi-3" in name or "phi3" in name:
             for tid in self._special_ids:
                 attr[tid] |= ATTR_RSTRIP
@@ -318,11 +311,11 @@ class Tokenizer:
                              ("<|endoftext|>", False)):
                 if text in tok:
                     if on:
-                        attr[tok[text]] |= ATTR_RSTRIP
+                        attr[tok.get(text)] |= ATTR_RSTRIP
                     else:
-                        attr[tok[text]] &= ~ATTR_RSTRIP
+                        attr[tok.get(text)] &= ~ATTR_RSTRIP
         elif "modern-bert" in name and "[MASK]" in tok:
-            attr[tok["[MASK]"]] |= ATTR_LSTRIP
+            attr[tok.get("[MASK]")] |= ATTR_LSTRIP
 
     # ------------------------------------------------------------------ attributes
 
@@ -374,15 +367,20 @@ class Tokenizer:
     def token_attr(self, token_id: int) -> int:
         return self._attr[token_id]
 
+    @property
+    def vocab(self) -> Vocab:
+        """The token texts: vocab[id] → text, vocab.get(text) → id."""
+        return self._vocab
+
     def token_text(self, token_id: int) -> str:
         """The token's text as stored in the vocabulary."""
-        return self._tokens[token_id]
+        return self._vocab.text(token_id)
 
     def token_score(self, token_id: int) -> float:
         return self._scores[token_id]
 
     def token_to_id(self, text: str) -> int | None:
-        return self._token_to_id.get(text)
+        return self._vocab.get(text)
 
     def __len__(self) -> int:
         return self.n_vocab
@@ -396,12 +394,11 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list:
         """tokenizer_st_partition: ints are special tokens, (start, end) pairs raw text."""
         frags: list = [(0, len(text))]
-        attrs, tokens = self._attr, self._tokens
-        for tid in self._special_ids:
+        attrs = self._attr
+        for tid, s in zip(self._special_ids, self._special_texts):
             attr = attrs[tid]
             if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
                 continue
-            s = tokens[tid]
             if s not in text:
                 continue
             n = len(s)
@@ -471,9 +468,9 @@ class Tokenizer:
 
     def _piece(self, token_id: int) -> bytes:
         """The piece llama.cpp caches for a token (token_to_piece with special=true)."""
-        piece = self._pieces[token_id]
+        piece = self._pieces.get(token_id)
         if piece is None:
-            attr, text = self._attr[token_id], self._tokens[token_id]
+            attr, text = self._attr[token_id], self._vocab.text(token_id)
             if attr & _SPECIAL_ATTRS:
                 piece = _raw_bytes(text)
             elif attr & ATTR_NORMAL:

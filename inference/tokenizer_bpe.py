@@ -15,8 +15,12 @@ Two parts, both following llama.cpp's `src/unicode.cpp` and `src/llama-vocab.cpp
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 import regex
+
+if TYPE_CHECKING:
+    from .vocab import Vocab
 
 # ----------------------------------------------------------------------------- GPT-2 byte map
 
@@ -289,7 +293,7 @@ class BPEModel:
 
     CACHE_LIMIT = 200_000
 
-    def __init__(self, token_to_id: dict[str, int], merges, pre: PreConfig):
+    def __init__(self, token_to_id: Vocab, merges, pre: PreConfig):
         self.token_to_id = token_to_id
         # llama.cpp splits each merge at the first space after position 0 and keeps the first
         # rank of a duplicate pair; a lookup key "left right" (neither side holding a space) then
@@ -328,8 +332,8 @@ class BPEModel:
     def _encode_word(self, word: str) -> tuple[int, ...]:
         enc = byte_encode(word)
         tok = self.token_to_id
-        if self.pre.ignore_merges and enc in tok:
-            return (tok[enc],)
+        if self.pre.ignore_merges and (tid := tok.get(enc)) is not None:
+            return (tid,)
         return tuple(self._symbols_to_ids(self._merge(enc)))
 
     def _merge(self, enc: str) -> list[str]:

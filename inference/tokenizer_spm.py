@@ -9,6 +9,11 @@ vocabulary, one `<0xXX>` byte token per UTF-8 byte.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .vocab import Vocab
 
 
 def utf8_bytes(symbol: str) -> bytes:
@@ -27,7 +32,7 @@ def utf8_bytes(symbol: str) -> bytes:
 
 
 class SPMModel:
-    def __init__(self, token_to_id: dict[str, int], scores: list[float], byte_ids: list[int | None],
+    def __init__(self, token_to_id: Vocab, scores: Sequence[float], byte_ids: list[int | None],
                  unk_id: int | None):
         self.token_to_id = token_to_id
         self.scores = scores
