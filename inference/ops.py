@@ -218,6 +218,8 @@ ATTN_FUSED_MAX_TOKENS = 8
 # query rows per GEMM chunk: causal masks let a chunk skip the cells after its last token, so
 # smaller chunks skip more (64 of 512 tokens: 56 % of the full score matrix is computed)
 ATTN_CHUNK_TOKENS = 64
+# and the scores of one chunk stay under this many floats (32 MiB) however long the context
+_ATTN_SCORE_BUDGET = 8 << 20
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
@@ -244,6 +246,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     return _attention_gemm(q, k2, v2, mask, scale, d_k, d_v)
 
 
+def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
+    """(t0, t1, lo, hi): chunks of query rows, each with the span of cells [lo, hi) its tokens can
+    see (causal, sliding window), widened to multiples of `align`. A chunk has at most
+    ATTN_CHUNK_TOKENS tokens and its scores (rows_per_token * tokens * cells) stay within
+    _ATTN_SCORE_BUDGET floats."""
+    n, n_kv = mask.shape
+    n_pad = -(-n_kv // align) * align
+    step = max(1, min(ATTN_CHUNK_TOKENS, _ATTN_SCORE_BUDGET // max(1, rows_per_token * n_pad)))
+    for t0 in range(0, n, step):
+        t1 = min(n, t0 + step)
+        cols = np.flatnonzero((mask[t0:t1] == 0).any(axis=0))
+        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, 1)
+        yield t0, t1, lo // align * align, min(n_pad, -(-hi // align) * align)
+
+
 def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
     """A prompt's attention through the numba GEMM (both matrix products use every thread).
     K and V are converted once to float32 per KV head, K as rows (cell, d_k), V transposed
@@ -258,18 +275,11 @@ def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
     vt = np.zeros((n_head_kv, d_v, n_pad), np.float32)
     _kv_heads_f32(k2, v2, F16_TO_F32, kf, vt)
     kf.flags.writeable = False  # read-only, as weights are: the GEMM's compiled signature
-    mask_p = np.full((n, n_pad), -np.inf, np.float32)
-    mask_p[:, :n_kv] = mask
-    visible = mask_p == 0
     out = np.empty((n, n_head, d_v), np.float32)
-    for t0 in range(0, n, ATTN_CHUNK_TOKENS):
-        t1 = min(n, t0 + ATTN_CHUNK_TOKENS)
+    for t0, t1, lo, hi in _query_chunks(mask, grp, 16):
         m = t1 - t0
-        # only the span of cells this chunk can see (causal, sliding window), in whole vectors
-        cols = np.flatnonzero(visible[t0:t1].any(axis=0))
-        lo, hi = (int(cols[0]), int(cols[-1]) + 1) if cols.size else (0, 1)
-        lo, hi = lo // 16 * 16, min(n_pad, -(-hi // 16) * 16)
-        chunk_mask = np.ascontiguousarray(mask_p[t0:t1, lo:hi])
+        chunk_mask = np.full((m, hi - lo), -np.inf, np.float32)  # padding cells stay masked
+        chunk_mask[:, :min(hi, n_kv) - lo] = mask[t0:t1, lo:hi]
         for g in range(n_head_kv):
             # the group's query heads stacked row-wise: (grp * m, d_k)
             qh = np.ascontiguousarray(q[t0:t1, g * grp:(g + 1) * grp].transpose(1, 0, 2)).reshape(
@@ -293,12 +303,18 @@ def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
     grp = n_head // n_head_kv
     k = (f16_bits_to_f32(k2) if k2.dtype == np.uint16 else k2).reshape(n_kv, n_head_kv, d_k)
     v = (f16_bits_to_f32(v2) if v2.dtype == np.uint16 else v2).reshape(n_kv, n_head_kv, d_v)
-    qh = q.reshape(n, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(n_head_kv, grp * n, d_k)
-    s = np.matmul(qh, k.transpose(1, 2, 0))  # (n_head_kv, grp * n, n_kv)
-    softmax_masked_inplace(s.reshape(n_head, n, n_kv), mask, scale)
-    o = np.matmul(s, v.transpose(1, 0, 2))  # (n_head_kv, grp * n, d_v)
-    return np.ascontiguousarray(o.reshape(n_head_kv, grp, n, d_v).transpose(2, 0, 1, 3)).reshape(
-        n, n_head * d_v)
+    kt = k.transpose(1, 2, 0)  # (n_head_kv, d_k, n_kv)
+    vh = v.transpose(1, 0, 2)  # (n_head_kv, n_kv, d_v)
+    out = np.empty((n, n_head, d_v), np.float32)
+    for t0, t1, lo, hi in _query_chunks(mask, n_head, 1):
+        m = t1 - t0
+        qh = q[t0:t1].reshape(m, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(
+            n_head_kv, grp * m, d_k)
+        s = np.matmul(qh, kt[:, :, lo:hi])  # (n_head_kv, grp * m, hi - lo)
+        softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale)
+        o = np.matmul(s, vh[:, lo:hi])  # (n_head_kv, grp * m, d_v)
+        out[t0:t1] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)
+    return out.reshape(n, n_head * d_v)
 
 
 @numba.njit(cache=True, nogil=True)
