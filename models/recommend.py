@@ -40,8 +40,9 @@ MiB = 1 << 20
 RUNTIME_BYTES = 165 * MiB
 # numba kernels for one ggml type (decode matvec + dequantizing tile), loaded from numba's cache
 KERNEL_BYTES_PER_TYPE = 6 * MiB
-# tokenizer tables: per vocabulary entry, per BPE merge
-TOKEN_BYTES = 240
+# tokenizer tables: per vocabulary entry (packed texts, hash table, scores, attributes: 9 MiB +
+# 3 MiB for Gemma 3's 262,144), per BPE merge
+TOKEN_BYTES = 48
 MERGE_BYTES = 180
 # The first run after installing (or upgrading) compiles the kernels: LLVM's working memory
 # adds this much to that run's peak, once (measured: 45-70 MiB for the starter models).
