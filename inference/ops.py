@@ -149,14 +149,16 @@ _EXP_LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))
 _EXP_LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
 _EXP_C = tuple(np.float32(float.fromhex(h)) for h in (
     "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1"))
-_EXP_MIN = np.float32(-87.0)  # below, 2^n leaves the normal range: the result is taken as 0
+# 2^(n-1) must be a normal float: below _EXP_MIN the result is taken as 0, above _EXP_MAX it is inf
+_EXP_MIN = np.float32(-86.5)
+_EXP_MAX = np.float32(88.72283)  # log(FLT_MAX)
 
 
 # contract only: reassociation would fold (x * log2e + shift) - shift into x * log2e
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def exp_f32(x):
-    """exp(x) for float32 x <= 88 as ggml's vector expf computes it; 0 below -87 (and for -inf),
-    NaN for NaN."""
+    """exp(x) for float32 as ggml's vector expf computes it (~1.5 ulp); 0 below -86.5 (and for
+    -inf), inf above log(FLT_MAX), NaN for NaN."""
     z = x * _EXP_LOG2E + _EXP_SHIFT
     n = z - _EXP_SHIFT  # x * log2(e) rounded to an integer
     b = x - n * _EXP_LN2_HI
@@ -164,10 +166,15 @@ def exp_f32(x):
     u = b * b
     c4, c3, c2, c1, c0 = _EXP_C
     j = ((c4 * b + c3) * u + (c2 * b + c1)) * u + (c0 * b + np.float32(1.0))
-    # z's low mantissa bits hold n: shifted into the exponent field of 1.0 they make 2^n
-    scale = bits_f32((f32_bits(z) << np.uint32(23)) + np.uint32(0x3F800000))
-    r = j * scale
-    return np.float32(0.0) if x < _EXP_MIN else r
+    # z's low mantissa bits hold n: shifted into the exponent field of 0.5 they make 2^(n-1),
+    # which stays finite for n = 128; the exact doubling after it gives 2^n
+    half_scale = bits_f32((f32_bits(z) << np.uint32(23)) + np.uint32(0x3F000000))
+    r = j * half_scale * np.float32(2.0)
+    if x < _EXP_MIN:
+        r = np.float32(0.0)
+    elif x > _EXP_MAX:
+        r = np.float32(np.inf)
+    return r
 
 
 @numba.njit(cache=True, nogil=True)
@@ -419,13 +426,18 @@ def build_kq_mask(cell_pos: np.ndarray, cell_seq: np.ndarray, tok_pos: np.ndarra
 # ----------------------------------------------------------------------------- gated activations
 
 
-@numba.njit(cache=True, nogil=True)
-def _swiglu(g, u, out):
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _swiglu(g, u, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
     n, d = g.shape
-    for r in range(n):
+    for r in numba.prange(n):
         for i in range(d):
             x = g[r, i]
-            out[r, i] = x / (np.float32(1.0) + np.float32(math.exp(-x))) * u[r, i]
+            out[r, i] = x / (np.float32(1.0) + exp_f32(-x)) * u[r, i]  # ggml_v_silu's form
+    if serial:
+        threads_set(threads)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -435,7 +447,7 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     if g.shape != u.shape or g.ndim != 2:
         raise ValueError(f"swiglu: gate {g.shape} and up {u.shape}")
     out = np.empty_like(g)
-    _swiglu(g, u, out)
+    _swiglu(g, u, out, g.size < PARALLEL_MIN_VALUES)
     return out
 
 
