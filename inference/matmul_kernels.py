@@ -580,6 +580,62 @@ def gemm_f32(x, wt, out, r0, serial):
         threads_set(threads)
 
 
+@njit(parallel=True, **_JIT)
+def gemm_nn_f32(x, w, c0, out, serial):
+    """out = x @ w[:, c0 : c0 + N] for float32 x (n, k), w (k, ldw), out (n, N); N % 16 == 0;
+    on the calling thread alone with `serial`.
+
+    The form suited to short inner dimensions (attention over 64-wide heads), where gemm_f32's
+    dot-product tiles spend much of their time reducing: parallel over blocks of 4 rows of x; a
+    4 x 32 tile of out is 8 accumulators, each k step broadcasting 4 values of x against 2 vectors
+    of a row of w. No reduction, no k blocking (a 32-column slab of w stays in L2)."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n = x.shape[0]
+    k = x.shape[1]
+    ldw = w.shape[1]
+    N = out.shape[1]
+    for blk in prange((n + 3) // 4):
+        t0 = blk * 4
+        rows = min(4, n - t0)
+        c = 0
+        while c < N:
+            wide = c + 32 <= N
+            a00 = vzero(); a01 = vzero(); a10 = vzero(); a11 = vzero()  # noqa: E702
+            a20 = vzero(); a21 = vzero(); a30 = vzero(); a31 = vzero()  # noqa: E702
+            wo = c0 + c
+            if rows == 4 and wide:
+                for kk in range(k):
+                    w0 = vload(w, kk * ldw + wo)
+                    w1 = vload(w, kk * ldw + wo + 16)
+                    xv = vbcast(x[t0, kk])
+                    a00 = vfma(xv, w0, a00); a01 = vfma(xv, w1, a01)  # noqa: E702
+                    xv = vbcast(x[t0 + 1, kk])
+                    a10 = vfma(xv, w0, a10); a11 = vfma(xv, w1, a11)  # noqa: E702
+                    xv = vbcast(x[t0 + 2, kk])
+                    a20 = vfma(xv, w0, a20); a21 = vfma(xv, w1, a21)  # noqa: E702
+                    xv = vbcast(x[t0 + 3, kk])
+                    a30 = vfma(xv, w0, a30); a31 = vfma(xv, w1, a31)  # noqa: E702
+                vstore(out, t0 * N + c, a00); vstore(out, t0 * N + c + 16, a01)  # noqa: E702
+                vstore(out, (t0 + 1) * N + c, a10)
+                vstore(out, (t0 + 1) * N + c + 16, a11)
+                vstore(out, (t0 + 2) * N + c, a20)
+                vstore(out, (t0 + 2) * N + c + 16, a21)
+                vstore(out, (t0 + 3) * N + c, a30)
+                vstore(out, (t0 + 3) * N + c + 16, a31)
+                c += 32
+            else:  # the last rows or the last 16 columns: one row by 16 columns at a time
+                for t in range(t0, t0 + rows):
+                    acc = vzero()
+                    for kk in range(k):
+                        acc = vfma(vbcast(x[t, kk]), vload(w, kk * ldw + wo), acc)
+                    vstore(out, t * N + c, acc)
+                c += 16
+    if serial:
+        threads_set(threads)
+
+
 # ================================================================== kernels
 # matvec_<T>(w, x, out, serial): out (n_tokens, n_out) = x @ W.T  (parallel over rows)
 # rows_<T>(w, rows, out, serial): out (len(rows), n_in) = W[rows] (parallel over rows, bit-exact)

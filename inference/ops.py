@@ -35,7 +35,7 @@ from numba.extending import overload
 from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
 from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
-from .matmul_kernels import gemm_f32
+from .matmul_kernels import gemm_nn_f32
 from .matmul_simd import threads_get, threads_set
 
 # ----------------------------------------------------------------------------- RMS norm
@@ -270,18 +270,18 @@ def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
 
 def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
     """A prompt's attention through the numba GEMM (both matrix products use every thread).
-    K and V are converted once to float32 per KV head, K as rows (cell, d_k), V transposed
-    (d_v, cell) so that both products are `x @ wᵀ`; cells are zero-padded to whole 16-cell vectors
-    (masked out, so they weigh exactly 0)."""
+    K and V are converted once to float32 per KV head, K transposed (d_k, cell) and V as rows
+    (cell, d_v), so that both products are `x @ w` with the broadcast kernel; cells are
+    zero-padded to whole 16-cell vectors (masked out, so they weigh exactly 0)."""
     n, n_head, _ = q.shape
     n_kv = mask.shape[1]
     n_head_kv = k2.shape[1] // d_k
     grp = n_head // n_head_kv
     n_pad = -(-n_kv // 16) * 16
-    kf = np.zeros((n_head_kv, n_pad, d_k), np.float32)
-    vt = np.zeros((n_head_kv, d_v, n_pad), np.float32)
-    _kv_heads_f32(k2, v2, F16_TO_F32, kf, vt)
-    kf.flags.writeable = False  # read-only, as weights are: the GEMM's compiled signature
+    kt = np.zeros((n_head_kv, d_k, n_pad), np.float32)
+    vf = np.zeros((n_head_kv, n_pad, d_v), np.float32)
+    _kv_heads_f32(k2, v2, F16_TO_F32, kt, vf)
+    kt.flags.writeable = vf.flags.writeable = False  # as weights are: one compiled signature
     out = np.empty((n, n_head, d_v), np.float32)
     for t0, t1, lo, hi in _query_chunks(mask, grp, 16):
         m = t1 - t0
@@ -292,12 +292,10 @@ def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
             qh = np.ascontiguousarray(q[t0:t1, g * grp:(g + 1) * grp].transpose(1, 0, 2)).reshape(
                 grp * m, d_k)
             s = np.empty((grp * m, hi - lo), np.float32)
-            gemm_f32(qh, kf[g, lo:hi], s, 0, 2 * s.size * d_k < PARALLEL_MIN_FLOPS)
+            gemm_nn_f32(qh, kt[g], lo, s, 2 * s.size * d_k < PARALLEL_MIN_FLOPS)
             softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale)
-            vs = np.ascontiguousarray(vt[g, :, lo:hi])
-            vs.flags.writeable = False
             o = np.empty((grp * m, d_v), np.float32)
-            gemm_f32(s, vs, o, 0, 2 * o.size * (hi - lo) < PARALLEL_MIN_FLOPS)
+            gemm_nn_f32(s, vf[g, lo:hi], 0, o, 2 * o.size * (hi - lo) < PARALLEL_MIN_FLOPS)
             out[t0:t1, g * grp:(g + 1) * grp] = o.reshape(grp, m, d_v).transpose(1, 0, 2)
     return out.reshape(n, n_head * d_v)
 
@@ -325,17 +323,17 @@ def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
 
 
 @numba.njit(cache=True, nogil=True)
-def _kv_heads_f32(k, v, lut, kf, vt):
-    # k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) f32 or fp16 bits -> kf (Hkv, n_pad, Dk), vt (Hkv, Dv, n_pad)
+def _kv_heads_f32(k, v, lut, kt, vf):
+    # k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) f32 or fp16 bits -> kt (Hkv, Dk, n_pad), vf (Hkv, n_pad, Dv)
     n_kv = k.shape[0]
-    n_head_kv, _, d_k = kf.shape
-    d_v = vt.shape[1]
+    n_head_kv, d_k, _ = kt.shape
+    d_v = vf.shape[2]
     for g in range(n_head_kv):
         for j in range(n_kv):
             for c in range(d_k):
-                kf[g, j, c] = _load(k, j, g * d_k + c, lut)
+                kt[g, c, j] = _load(k, j, g * d_k + c, lut)
             for c in range(d_v):
-                vt[g, c, j] = _load(v, j, g * d_v + c, lut)
+                vf[g, j, c] = _load(v, j, g * d_v + c, lut)
 
 
 def _load(a, i, j, lut):
