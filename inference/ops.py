@@ -36,7 +36,7 @@ from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
 from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
 from .matmul_kernels import gemm_nn_f32
-from .matmul_simd import threads_get, threads_set
+from .matmul_simd import threads_get, threads_set, vbcast, vf16, vfma, vload, vstore, vsum, vzero
 
 # ----------------------------------------------------------------------------- RMS norm
 
@@ -246,7 +246,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     q = np.ascontiguousarray(q, dtype=np.float32)
     if n <= ATTN_FUSED_MAX_TOKENS:
         out = np.empty((n, n_head, d_v), np.float32)
-        _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), out)
+        if d_k % 16 or d_v % 16:
+            _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), out)
+        else:
+            _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask,
+                              np.float32(scale), ATTN_DECODE_CELLS, out,
+                              n * n_kv * n_head * (d_k + d_v) < 1 << 16)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
         return _attention_numpy(q, k2, v2, mask, scale, d_k, d_v)
@@ -334,6 +339,103 @@ def _kv_heads_f32(k, v, lut, kt, vf):
                 kt[g, c, j] = _load(k, j, g * d_k + c, lut)
             for c in range(d_v):
                 vf[g, j, c] = _load(v, j, g * d_v + c, lut)
+
+
+# cells per work item of the decode kernel: a token's heads over a long cache split into pieces
+# whose partial softmaxes are merged (flash-decoding), so every thread has work
+ATTN_DECODE_CELLS = 256
+
+
+def _as_kv_rows(a: np.ndarray) -> np.ndarray:
+    """A cache's K or V rows for `_attention_decode`: fp16 bits as their bytes (uint8), float32
+    as they are."""
+    return a.view(np.uint8) if a.dtype == np.uint16 else np.ascontiguousarray(a, np.float32)
+
+
+def _kv_vec(a, row, col):
+    """16 values of a cache row (row `row`, from value `col`) as float32."""
+
+
+@overload(_kv_vec, inline="always")
+def _kv_vec_impl(a, row, col):
+    if a.dtype == types.uint8:  # fp16 bytes, converted by the CPU (F16C's vcvtph2ps)
+        return lambda a, row, col: vf16(a, row * a.shape[1] + 2 * col)
+    return lambda a, row, col: vload(a, row * a.shape[1] + col)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
+    # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
+    # out (n, H, Dv). Work item = (token, KV head, piece of `cells` cells): scores, their max m,
+    # sum l and the p-weighted V rows o, merged afterwards as exp(m - M)-weighted sums.
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n, n_head, d_k = q.shape
+    d_v = out.shape[2]
+    n_kv = mask.shape[1]
+    grp = n_head // n_head_kv
+    n_pieces = (n_kv + cells - 1) // cells
+    items = n * n_head_kv * n_pieces
+    part_m = np.empty((items, grp), np.float32)
+    part_l = np.empty((items, grp), np.float32)
+    part_o = np.empty((items, grp, d_v), np.float32)
+    for it in numba.prange(items):
+        t = it // (n_head_kv * n_pieces)
+        g = (it // n_pieces) % n_head_kv
+        j0 = (it % n_pieces) * cells
+        j1 = min(n_kv, j0 + cells)
+        s = np.empty((grp, j1 - j0), np.float32)
+        for r in range(grp):
+            h = g * grp + r
+            mx = np.float32(-np.inf)
+            for j in range(j0, j1):
+                if mask[t, j] == -np.inf:
+                    s[r, j - j0] = -np.inf
+                    continue
+                acc = vzero()
+                for c in range(0, d_k, 16):
+                    acc = vfma(vload(q, (t * n_head + h) * d_k + c), _kv_vec(k, j, g * d_k + c),
+                               acc)
+                x = vsum(acc) * scale + mask[t, j]
+                s[r, j - j0] = x
+                mx = max(mx, x)
+            total = np.float32(0.0)
+            for j in range(j1 - j0):
+                e = exp_f32(s[r, j] - mx) if mx != -np.inf else np.float32(0.0)
+                s[r, j] = e
+                total += e
+            part_m[it, r] = mx
+            part_l[it, r] = total
+            for c in range(0, d_v, 16):
+                acc = vzero()
+                for j in range(j0, j1):
+                    p = s[r, j - j0]
+                    if p != 0.0:
+                        acc = vfma(vbcast(p), _kv_vec(v, j, g * d_v + c), acc)
+                vstore(part_o, (it * grp + r) * d_v + c, acc)
+    for t in range(n):
+        for g in range(n_head_kv):
+            base = (t * n_head_kv + g) * n_pieces
+            for r in range(grp):
+                mx = np.float32(-np.inf)
+                for pc in range(n_pieces):
+                    mx = max(mx, part_m[base + pc, r])
+                total = np.float32(0.0)
+                for c in range(d_v):
+                    out[t, g * grp + r, c] = 0.0
+                for pc in range(n_pieces):
+                    if part_m[base + pc, r] == -np.inf:
+                        continue
+                    w = exp_f32(part_m[base + pc, r] - mx)
+                    total += w * part_l[base + pc, r]
+                    for c in range(d_v):
+                        out[t, g * grp + r, c] += w * part_o[base + pc, r, c]
+                inv = np.float32(1.0) / total
+                for c in range(d_v):
+                    out[t, g * grp + r, c] *= inv
+    if serial:
+        threads_set(threads)
 
 
 def _load(a, i, j, lut):

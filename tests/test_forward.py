@@ -221,14 +221,17 @@ def test_rope_rotates_the_right_pairs(neox):
     np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
 
 
-@pytest.mark.parametrize("n,d", [(1, 16), (3, 16), (20, 16), (150, 32), (20, 24)])
+@pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 24, 30),
+                                       (20, 16, 30), (150, 32, 157), (20, 24, 30)])
 @pytest.mark.parametrize("f16", [False, True])
-def test_attention_kernels_against_float64(n, d, f16):
-    """The fused (few tokens), GEMM (many tokens, chunks of query rows over the cells each can
-    see) and numpy (head sizes not a multiple of 16) paths against a float64 reference, with
-    grouped KV heads, a causal + sliding-window mask, and fp16-bit K/V."""
+def test_attention_kernels_against_float64(n, d, n_kv, f16):
+    """The decode kernel (few tokens; a long cache in pieces whose softmaxes are merged, pieces
+    wholly outside the window included), its fallback for odd head sizes, the GEMM path (many
+    tokens, chunks of query rows over the cells each can see) and the numpy path (odd head
+    sizes) against a float64 reference, with grouped KV heads, a causal + sliding-window mask,
+    and fp16-bit K/V."""
     rng = np.random.default_rng(n)
-    n_head, n_head_kv, n_kv = 6, 2, max(30, n + 7)
+    n_head, n_head_kv = 6, 2
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
     v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
@@ -236,7 +239,7 @@ def test_attention_kernels_against_float64(n, d, f16):
     cell_pos[5] = -1  # an empty cell
     tok_pos = np.arange(n_kv - n, n_kv)
     mask = ops.build_kq_mask(cell_pos, np.ones((n_kv, 1), bool), tok_pos,
-                             np.zeros(n, np.int64), n_kv, n_swa=12)
+                             np.zeros(n, np.int64), n_kv, n_swa=12 if n_kv < 100 else 400)
     if f16:
         k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
         got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
