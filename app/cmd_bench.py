@@ -1,4 +1,5 @@
-"""`llamatui bench -m MODEL -p 512 -n 128 -t 2 -r 3 [-o json]`: llama-bench's tests and table."""
+"""`llamatui bench -m MODEL -p 512 -n 128 [-d 4096] -t 2 -r 3 [-o json]`: llama-bench's tests
+and table."""
 import json
 import os
 
@@ -11,6 +12,8 @@ def add_arguments(p):
     p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
+    p.add_argument("-d", "--n-depth", type=int, default=0,
+                   help="tokens already in the cache when each test starts")
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f16", "f32", "q8_0"))
@@ -21,13 +24,16 @@ def add_arguments(p):
 def run(args):
     if args.repetitions < 1:
         raise ValueError("-r must be at least 1")
+    if min(args.n_prompt, args.n_gen, args.n_depth) < 0:
+        raise ValueError("-p, -n and -d cannot be negative")
     # the same flags as run/perplexity, with a context just big enough for the tests
-    args.ctx_size = max(args.n_prompt, args.n_gen) + 1
+    args.ctx_size = args.n_depth + max(args.n_prompt, args.n_gen) + 1
     args.no_mmap = args.mlock = args.no_context_shift = False
     args.keep = 0
     engine = load_engine(args)
     try:
-        results = run_bench(engine, args.n_prompt, args.n_gen, args.repetitions)
+        results = run_bench(engine, args.n_prompt, args.n_gen, args.repetitions,
+                            n_depth=args.n_depth)
         info = engine.info
         if args.output == "json":
             print(json.dumps([{
@@ -36,7 +42,7 @@ def run(args):
                 "model_n_params": info.n_params, "n_threads": engine.threads,
                 "type_k": info.cache_type_k, "type_v": info.cache_type_v,
                 "n_prompt": r.n_tokens if r.test.startswith("pp") else 0,
-                "n_gen": r.n_tokens if r.test.startswith("tg") else 0,
+                "n_gen": r.n_tokens if r.test.startswith("tg") else 0, "n_depth": args.n_depth,
                 "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts, "samples_ts": r.samples_ts,
             } for r in results], indent=1))
             return 0

@@ -4,7 +4,8 @@
 
 For each starter model: llama-bench's pp512 and tg128 for llamatui, and for llama.cpp (through
 llama-cpp-python) and Hugging Face transformers (PyTorch CPU, loading the same GGUF) when they are
-installed; then llamatui's time to first token from a cold process with a warm kernel cache
+installed; decoding with 3000 tokens already in the cache (tg64 @ d3000, llamatui and llama.cpp);
+then llamatui's time to first token from a cold process with a warm kernel cache
 (`llamatui run -n 1`: process start, load, an 8-token prompt, first token) and its peak RSS while
 generating 128 tokens. Ratios are llamatui / peer: above 1 means llamatui is faster.
 """
@@ -24,6 +25,48 @@ def ours(path, threads, reps):
                           "-p", "512", "-n", "128", "-t", str(threads), "-r", str(reps),
                           "-o", "json"], capture_output=True, text=True, check=True).stdout
     return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
+
+
+DEPTH, DEPTH_GEN = 3000, 64
+
+
+def ours_at_depth(path, threads, reps):
+    out = subprocess.run([sys.executable, "-m", "llamatui.app.cli", "bench", "-m", str(path),
+                          "-p", "0", "-n", str(DEPTH_GEN), "-d", str(DEPTH), "-t", str(threads),
+                          "-r", str(reps), "-o", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)[0]["avg_ts"]
+
+
+# llama.cpp decoding with DEPTH tokens already in its cache (filled before the clock starts)
+LLAMA_CPP_DEPTH_PROBE = r"""
+import json, sys, time, numpy as np
+from llama_cpp import Llama
+path, threads, reps, depth, n_gen = sys.argv[1], *map(int, sys.argv[2:6])
+llm = Llama(path, n_ctx=depth + n_gen + 1, n_batch=512, n_ubatch=512, n_threads=threads,
+            n_threads_batch=threads, verbose=False)
+ids = np.random.default_rng(0).integers(0, llm.n_vocab(), depth + n_gen).tolist()
+ts = []
+for rep in range(reps + 1):  # the first is the warm-up
+    llm.reset()
+    llm.eval(ids[:depth])
+    t0 = time.perf_counter()
+    for t in ids[depth:]:
+        llm.eval([t])
+    if rep:
+        ts.append(n_gen / (time.perf_counter() - t0))
+print(json.dumps(sum(ts) / len(ts)))
+"""
+
+
+def llama_cpp_at_depth(path, threads, reps):
+    try:
+        __import__("llama_cpp")
+    except ImportError:
+        return None
+    proc = subprocess.run([sys.executable, "-c", LLAMA_CPP_DEPTH_PROBE, str(path), str(threads),
+                           str(reps), str(DEPTH), str(DEPTH_GEN)], capture_output=True, text=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
 
 
 # Each probe defines pp() and tg(); this timing (warm-up, then mean tokens/s) follows it.
@@ -137,6 +180,13 @@ def main():
             tr = "" if label == "llamatui" else f"{mine['tg128'] / res['tg128']:8.2f}x"
             print(f"| {label:12s} | {res['pp512']:10.1f} | {res['tg128']:10.1f} | {pr:>9s} | "
                   f"{tr:>9s} |")
+        deep, peer_deep = (ours_at_depth(path, args.threads, args.repetitions),
+                           llama_cpp_at_depth(path, args.threads, args.repetitions))
+        line = f"\ndecoding with {DEPTH} tokens in the cache (tg{DEPTH_GEN} @ d{DEPTH}): " \
+               f"llamatui {deep:.1f} tok/s"
+        if peer_deep:
+            line += f", llama.cpp {peer_deep:.1f} tok/s ({deep / peer_deep:.2f}x)"
+        print(line)
         ttft, rss = start_and_memory(path, args.threads)
         size = path.stat().st_size
         print(f"\nwarm start to first token (process start, load, prompt, 1 token): {ttft:.2f} s")

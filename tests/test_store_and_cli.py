@@ -93,3 +93,19 @@ def test_inspect_bad_file_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("llamatui inspect: error:") and "cannot fit" in err
     assert "Traceback" not in err
+
+
+def test_bench_json_and_table_name_tests_like_llama_bench(smollm2_path, capsys):
+    args = ["bench", "-m", str(smollm2_path), "-p", "8", "-n", "4", "-r", "2", "-t", "1"]
+    assert main(args + ["-d", "16", "-o", "json"]) == 0
+    pp, tg = json.loads(capsys.readouterr().out)
+    assert (pp["n_prompt"], pp["n_gen"], pp["n_depth"]) == (8, 0, 16)
+    assert (tg["n_prompt"], tg["n_gen"], tg["n_depth"]) == (0, 4, 16)
+    assert len(pp["samples_ts"]) == 2 and pp["avg_ts"] > 0 and tg["avg_ts"] > 0
+    assert main(args) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "llama 135M Q4_1" in line]
+    assert [r.split("|")[6].strip() for r in rows] == ["pp8", "tg4"]
+    assert main(args + ["-d", "16"]) == 0
+    assert "pp8 @ d16" in capsys.readouterr().out
+    assert main(args + ["-d", "-1"]) == 1
+    assert "cannot be negative" in capsys.readouterr().err
