@@ -36,7 +36,8 @@ from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
 from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
 from .matmul_kernels import gemm_nn_f32
-from .matmul_simd import threads_get, threads_set, vbcast, vf16, vfma, vload, vstore, vsum, vzero
+from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vload, vreduce16, vstore,
+                          vsum, vzero)
 
 # ----------------------------------------------------------------------------- RMS norm
 
@@ -363,6 +364,32 @@ def _kv_vec_impl(a, row, col):
     return lambda a, row, col: vload(a, row * a.shape[1] + col)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scores16(q, qo, k, ko, j, d_k, s, so):
+    """s.flat[so + i] = q.flat[qo : qo + d_k] . (row j + i of k from value ko), i < 16: one
+    accumulator per cell, reduced together (no horizontal sum per cell)."""
+    a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
+    a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
+    a8 = vzero(); a9 = vzero(); a10 = vzero(); a11 = vzero()  # noqa: E702
+    a12 = vzero(); a13 = vzero(); a14 = vzero(); a15 = vzero()  # noqa: E702
+    for c in range(0, d_k, 16):
+        qv = vload(q, qo + c)
+        col = ko + c
+        a0 = vfma(qv, _kv_vec(k, j, col), a0); a1 = vfma(qv, _kv_vec(k, j + 1, col), a1)  # noqa: E702
+        a2 = vfma(qv, _kv_vec(k, j + 2, col), a2); a3 = vfma(qv, _kv_vec(k, j + 3, col), a3)  # noqa: E702
+        a4 = vfma(qv, _kv_vec(k, j + 4, col), a4); a5 = vfma(qv, _kv_vec(k, j + 5, col), a5)  # noqa: E702
+        a6 = vfma(qv, _kv_vec(k, j + 6, col), a6); a7 = vfma(qv, _kv_vec(k, j + 7, col), a7)  # noqa: E702
+        a8 = vfma(qv, _kv_vec(k, j + 8, col), a8); a9 = vfma(qv, _kv_vec(k, j + 9, col), a9)  # noqa: E702
+        a10 = vfma(qv, _kv_vec(k, j + 10, col), a10)
+        a11 = vfma(qv, _kv_vec(k, j + 11, col), a11)
+        a12 = vfma(qv, _kv_vec(k, j + 12, col), a12)
+        a13 = vfma(qv, _kv_vec(k, j + 13, col), a13)
+        a14 = vfma(qv, _kv_vec(k, j + 14, col), a14)
+        a15 = vfma(qv, _kv_vec(k, j + 15, col), a15)
+    vstore(s, so, vreduce16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
+                            a15))
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
 def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
@@ -385,19 +412,23 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
         g = (it // n_pieces) % n_head_kv
         j0 = (it % n_pieces) * cells
         j1 = min(n_kv, j0 + cells)
-        s = np.empty((grp, j1 - j0), np.float32)
+        span = j1 - j0
+        s = np.empty((grp, span), np.float32)
         for r in range(grp):
-            h = g * grp + r
+            qo = (t * n_head + g * grp + r) * d_k
+            ko = g * d_k
+            for jb in range(j0, j1, 16):
+                if jb + 16 <= j1:
+                    _scores16(q, qo, k, ko, jb, d_k, s, r * span + jb - j0)
+                else:  # the last cells one at a time
+                    for j in range(jb, j1):
+                        acc = vzero()
+                        for c in range(0, d_k, 16):
+                            acc = vfma(vload(q, qo + c), _kv_vec(k, j, ko + c), acc)
+                        s[r, j - j0] = vsum(acc)
             mx = np.float32(-np.inf)
             for j in range(j0, j1):
-                if mask[t, j] == -np.inf:
-                    s[r, j - j0] = -np.inf
-                    continue
-                acc = vzero()
-                for c in range(0, d_k, 16):
-                    acc = vfma(vload(q, (t * n_head + h) * d_k + c), _kv_vec(k, j, g * d_k + c),
-                               acc)
-                x = vsum(acc) * scale + mask[t, j]
+                x = s[r, j - j0] * scale + mask[t, j]
                 s[r, j - j0] = x
                 mx = max(mx, x)
             total = np.float32(0.0)
@@ -408,12 +439,20 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
             part_m[it, r] = mx
             part_l[it, r] = total
             for c in range(0, d_v, 16):
-                acc = vzero()
-                for j in range(j0, j1):
-                    p = s[r, j - j0]
-                    if p != 0.0:
-                        acc = vfma(vbcast(p), _kv_vec(v, j, g * d_v + c), acc)
-                vstore(part_o, (it * grp + r) * d_v + c, acc)
+                col = g * d_v + c
+                # four chains of FMAs: one would wait on each FMA's latency
+                a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
+                j = j0
+                while j + 4 <= j1:
+                    a0 = vfma(vbcast(s[r, j - j0]), _kv_vec(v, j, col), a0)
+                    a1 = vfma(vbcast(s[r, j + 1 - j0]), _kv_vec(v, j + 1, col), a1)
+                    a2 = vfma(vbcast(s[r, j + 2 - j0]), _kv_vec(v, j + 2, col), a2)
+                    a3 = vfma(vbcast(s[r, j + 3 - j0]), _kv_vec(v, j + 3, col), a3)
+                    j += 4
+                while j < j1:
+                    a0 = vfma(vbcast(s[r, j - j0]), _kv_vec(v, j, col), a0)
+                    j += 1
+                vstore(part_o, (it * grp + r) * d_v + c, vadd(vadd(a0, a1), vadd(a2, a3)))
     for t in range(n):
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces
