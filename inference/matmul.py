@@ -22,7 +22,9 @@ Two paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `mat
   multiplied by a register-blocked numba GEMM (`gemm_f32`, parallel over row blocks). Per core it
   is on par with single-threaded OpenBLAS (86-101 vs 93-97 GFLOP/s), it shares numba's threads
   with the decode kernels, and numpy's multi-threaded OpenBLAS collapses when the cores are shared
-  (40 ms instead of 10 ms for a 512x576x910 product here).
+  (40 ms instead of 10 ms for a 512x576x910 product here). Where the CPU has AVX512-BF16 the
+  tile and the activations are rounded to bfloat16 and `gemm_bf16` multiplies them (vdpbf16ps:
+  ~350 GFLOP/s on the two cores here against gemm_f32's ~200; see USE_BF16).
   Dequantizing is ~2 % of the work at 512 tokens. From 4 tokens on this beats the decode kernel,
   which streams the weights once per token.
 
@@ -30,12 +32,14 @@ F32 weights are used in place on both paths (the GEMM reads them as they are).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 
 from .ggml_types import GGML_TYPES
-from .matmul_kernels import KERNELS, gemm_f32
+from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
+from .matmul_simd import HAS_AVX512_BF16
 
 __all__ = ["matmul", "embedding_rows", "supported_matmul_types",
            "DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES", "PARALLEL_MIN_FLOPS",
@@ -55,6 +59,11 @@ _SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 # type name -> (values per block, bytes per block)
 _GEOMETRY = {name: (GGML_TYPES[name].block_size, GGML_TYPES[name].type_size) for name in _SUPPORTED}
 _scratch = threading.local()
+# Prompts multiply in bfloat16 where the CPU has AVX512-BF16 (twice float32's multiply-adds per
+# instruction, float32 sums): activations and dequantized weights are rounded to bf16's 8-bit
+# mantissa, the same order of error as ggml's 8-bit quantized activations. LLAMATUI_BF16=0 keeps
+# prompts in float32.
+USE_BF16 = HAS_AVX512_BF16 and os.environ.get("LLAMATUI_BF16", "1") != "0"
 
 
 def supported_matmul_types() -> tuple[str, ...]:
@@ -87,10 +96,11 @@ def _weight(type_name: str, weight: np.ndarray) -> tuple[np.ndarray, int]:
     return weight, row_bytes // type_size * block_size
 
 
-def _tile_buffer(n_floats: int) -> np.ndarray:
-    buf = getattr(_scratch, "buf", None)
+def _tile_buffer(n_floats: int, name: str = "buf", dtype=np.float32) -> np.ndarray:
+    buf = getattr(_scratch, name, None)
     if buf is None or buf.size < n_floats:
-        buf = _scratch.buf = np.empty(max(n_floats, TILE_BYTES // 4), np.float32)
+        buf = np.empty(max(n_floats, TILE_BYTES // 4), dtype)
+        setattr(_scratch, name, buf)
     return buf
 
 
@@ -125,6 +135,22 @@ def _gemm(x: np.ndarray, wt: np.ndarray, out: np.ndarray, r0: int) -> None:
     gemm_f32(x, wt, out, r0, 2 * x.shape[0] * wt.shape[0] * wt.shape[1] < PARALLEL_MIN_FLOPS)
 
 
+def _bf16(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """a (float32, C-contiguous, size % 16 == 0) rounded to bfloat16 bits (uint16)."""
+    if out is None:
+        out = np.empty(a.shape, np.uint16)
+    to_bf16(a, out, a.size < PARALLEL_MIN_VALUES)
+    return out
+
+
+def _gemm_bf16(x16: np.ndarray, tile: np.ndarray, out: np.ndarray, r0: int) -> None:
+    t16 = _tile_buffer(tile.size, "buf16", np.uint16)[:tile.size].reshape(tile.shape)
+    _bf16(tile, t16)
+    t16 = t16.view()
+    t16.flags.writeable = False
+    gemm_bf16(x16, t16, out, r0, 2 * x16.shape[0] * tile.size < PARALLEL_MIN_FLOPS)
+
+
 def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x @ W.T for a ggml-quantized weight: float32 (n_tokens, out_features).
 
@@ -152,6 +178,9 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
         _gemm(x, w.view(np.float32), out, 0)
     elif n <= DECODE_MAX_TOKENS and k % 32 == 0:
         KERNELS[type_name][1](w, x, out, w.nbytes < PARALLEL_MIN_BYTES)
+    elif USE_BF16 and k % 32 == 0:
+        x16 = _bf16(x)
+        _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm_bf16(x16, tile, out, r0))
     else:
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm(x, tile, out, r0))
     return out[0] if squeeze else out

@@ -50,7 +50,7 @@ from .matmul_simd import (
     ld, ld_f16, ld_i8, ld_u8, ld_u16, ld_u32,
     vadd, vbcast, vbf16, vcvt, vf16, vfma, vi8, viand, vibcast, viota, vior, vishl, vishr, vishrv,
     visub, vload, vlut, vmul, vreduce16, vstore, vstore4, vstore4x4, vsub, vsum, vu8, vzero,
-    threads_get, threads_set,
+    threads_get, threads_set, vdot_bf16, vload_bf16, vstore_bf16,
 )
 
 _launch_threads()  # start numba's threading layer: registers the symbols threads_get/set call
@@ -474,17 +474,17 @@ def _dot_iq4_xs(w, bo, x, xo, xs, so, a0, a1, ms):
 # ================================================================== float GEMM (prefill)
 
 @njit(inline="always")
-def _dot1(x, xo, wt, wo, n):
-    """x.flat[xo : xo + n] . wt.flat[wo : wo + n], n a multiple of 16"""
+def _dot1(x, xo, wt, wo, n, load, mac, step):
+    """x.flat[xo : xo + n] . wt.flat[wo : wo + n], n a multiple of `step`"""
     a = vzero()
     b = vzero()
     i = 0
-    while i + 32 <= n:
-        a = vfma(vload(wt, wo + i), vload(x, xo + i), a)
-        b = vfma(vload(wt, wo + i + 16), vload(x, xo + i + 16), b)
-        i += 32
+    while i + 2 * step <= n:
+        a = mac(load(wt, wo + i), load(x, xo + i), a)
+        b = mac(load(wt, wo + i + step), load(x, xo + i + step), b)
+        i += 2 * step
     if i < n:
-        a = vfma(vload(wt, wo + i), vload(x, xo + i), a)
+        a = mac(load(wt, wo + i), load(x, xo + i), a)
     return vsum(vadd(a, b))
 
 
@@ -492,15 +492,15 @@ GEMM_ROW_BLOCK = 32  # weight rows per parallel work item
 GEMM_K_BLOCK = 2048  # columns per pass: a 32-row block of them stays in L2
 
 
-@njit(parallel=True, **_JIT)
-def gemm_f32(x, wt, out, r0, serial):
-    """out[:, r0 : r0 + m] = x @ wt.T for float32 x (n, k), wt (m, k), out (n, N); k % 16 == 0;
-    on the calling thread alone with `serial`.
+@njit(inline="always")
+def _gemm(x, wt, out, r0, serial, load, mac, step):
+    """out[:, r0 : r0 + m] = x @ wt.T, x (n, k), wt (m, k), out (n, N); k % step == 0.
 
     Parallel over blocks of 32 weight rows. Register tile: 4 rows x 4 tokens = 16 accumulators of
-    16 lanes (8 loads per 16 FMAs) over column blocks of GEMM_K_BLOCK, reduced by a
-    transpose-and-add tree and added into out; leftover tokens go 4 rows x 1 token. 86-101
-    GFLOP/s per AVX-512 core here, on par with single-threaded OpenBLAS (93-97)."""
+    16 lanes (8 loads per 16 multiply-adds of `step` values) over column blocks of GEMM_K_BLOCK,
+    reduced by a transpose-and-add tree and added into out; leftover tokens go 4 rows x 1 token.
+    `load(arr, i)` gives `step` values from arr.flat[i], `mac(w, x, acc)` multiplies them into
+    16 float32 lanes."""
     threads = threads_get()
     if serial:
         threads_set(1)
@@ -524,23 +524,23 @@ def gemm_f32(x, wt, out, r0, serial):
                     a30 = vzero(); a31 = vzero(); a32 = vzero(); a33 = vzero()  # noqa: E702
                     wo = r * k + kb
                     xo = t * k + kb
-                    for kk in range(0, kl, 16):
-                        w0 = vload(wt, wo + kk)
-                        w1 = vload(wt, wo + k + kk)
-                        w2 = vload(wt, wo + 2 * k + kk)
-                        w3 = vload(wt, wo + 3 * k + kk)
-                        xv = vload(x, xo + kk)
-                        a00 = vfma(w0, xv, a00); a10 = vfma(w1, xv, a10)  # noqa: E702
-                        a20 = vfma(w2, xv, a20); a30 = vfma(w3, xv, a30)  # noqa: E702
-                        xv = vload(x, xo + k + kk)
-                        a01 = vfma(w0, xv, a01); a11 = vfma(w1, xv, a11)  # noqa: E702
-                        a21 = vfma(w2, xv, a21); a31 = vfma(w3, xv, a31)  # noqa: E702
-                        xv = vload(x, xo + 2 * k + kk)
-                        a02 = vfma(w0, xv, a02); a12 = vfma(w1, xv, a12)  # noqa: E702
-                        a22 = vfma(w2, xv, a22); a32 = vfma(w3, xv, a32)  # noqa: E702
-                        xv = vload(x, xo + 3 * k + kk)
-                        a03 = vfma(w0, xv, a03); a13 = vfma(w1, xv, a13)  # noqa: E702
-                        a23 = vfma(w2, xv, a23); a33 = vfma(w3, xv, a33)  # noqa: E702
+                    for kk in range(0, kl, step):
+                        w0 = load(wt, wo + kk)
+                        w1 = load(wt, wo + k + kk)
+                        w2 = load(wt, wo + 2 * k + kk)
+                        w3 = load(wt, wo + 3 * k + kk)
+                        xv = load(x, xo + kk)
+                        a00 = mac(w0, xv, a00); a10 = mac(w1, xv, a10)  # noqa: E702
+                        a20 = mac(w2, xv, a20); a30 = mac(w3, xv, a30)  # noqa: E702
+                        xv = load(x, xo + k + kk)
+                        a01 = mac(w0, xv, a01); a11 = mac(w1, xv, a11)  # noqa: E702
+                        a21 = mac(w2, xv, a21); a31 = mac(w3, xv, a31)  # noqa: E702
+                        xv = load(x, xo + 2 * k + kk)
+                        a02 = mac(w0, xv, a02); a12 = mac(w1, xv, a12)  # noqa: E702
+                        a22 = mac(w2, xv, a22); a32 = mac(w3, xv, a32)  # noqa: E702
+                        xv = load(x, xo + 3 * k + kk)
+                        a03 = mac(w0, xv, a03); a13 = mac(w1, xv, a13)  # noqa: E702
+                        a23 = mac(w2, xv, a23); a33 = mac(w3, xv, a33)  # noqa: E702
                     # lane 4j + i = token t + j, row r + i
                     s = vreduce16(a00, a10, a20, a30, a01, a11, a21, a31,
                                   a02, a12, a22, a32, a03, a13, a23, a33)
@@ -548,7 +548,7 @@ def gemm_f32(x, wt, out, r0, serial):
                     r += 4
                 while r < re:  # leftover rows of the block
                     for tt in range(t, t + 4):
-                        v = _dot1(x, tt * k + kb, wt, r * k + kb, kl)
+                        v = _dot1(x, tt * k + kb, wt, r * k + kb, kl, load, mac, step)
                         out[tt, r0 + r] = out[tt, r0 + r] + v if more else v
                     r += 1
                 t += 4
@@ -561,21 +561,49 @@ def gemm_f32(x, wt, out, r0, serial):
                     a3 = vzero()
                     wo = r * k + kb
                     xo = t * k + kb
-                    for kk in range(0, kl, 16):
-                        xv = vload(x, xo + kk)
-                        a0 = vfma(vload(wt, wo + kk), xv, a0)
-                        a1 = vfma(vload(wt, wo + k + kk), xv, a1)
-                        a2 = vfma(vload(wt, wo + 2 * k + kk), xv, a2)
-                        a3 = vfma(vload(wt, wo + 3 * k + kk), xv, a3)
+                    for kk in range(0, kl, step):
+                        xv = load(x, xo + kk)
+                        a0 = mac(load(wt, wo + kk), xv, a0)
+                        a1 = mac(load(wt, wo + k + kk), xv, a1)
+                        a2 = mac(load(wt, wo + 2 * k + kk), xv, a2)
+                        a3 = mac(load(wt, wo + 3 * k + kk), xv, a3)
                     z = vzero()
                     s = vreduce16(a0, a1, a2, a3, z, z, z, z, z, z, z, z, z, z, z, z)
                     vstore4(out, t * N + r0 + r, s, more)
                     r += 4
                 while r < re:
-                    v = _dot1(x, t * k + kb, wt, r * k + kb, kl)
+                    v = _dot1(x, t * k + kb, wt, r * k + kb, kl, load, mac, step)
                     out[t, r0 + r] = out[t, r0 + r] + v if more else v
                     r += 1
                 t += 1
+    if serial:
+        threads_set(threads)
+
+
+@njit(parallel=True, **_JIT)
+def gemm_f32(x, wt, out, r0, serial):
+    """out[:, r0 : r0 + m] = x @ wt.T for float32 x (n, k), wt (m, k), out (n, N); k % 16 == 0;
+    on the calling thread alone with `serial`. 86-101 GFLOP/s per AVX-512 core here, on par with
+    single-threaded OpenBLAS (93-97)."""
+    _gemm(x, wt, out, r0, serial, vload, vfma, 16)
+
+
+@njit(parallel=True, **_JIT)
+def gemm_bf16(x, wt, out, r0, serial):
+    """gemm_f32 on bfloat16 bits (uint16 x (n, k), wt (m, k)), k % 32 == 0, float32 sums: twice
+    the multiply-adds per instruction (vdpbf16ps). Only where HAS_AVX512_BF16."""
+    _gemm(x, wt, out, r0, serial, vload_bf16, vdot_bf16, 32)
+
+
+@njit(parallel=True, **_JIT)
+def to_bf16(src, dst, serial):
+    """dst (uint16, same shape, C-contiguous) = src (float32, size % 16 == 0) rounded to bfloat16."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n = src.size // 16
+    for i in prange(n):
+        vstore_bf16(dst, 16 * i, vload(src, 16 * i))
     if serial:
         threads_set(threads)
 

@@ -48,3 +48,11 @@ def golden_smollm2(golden_dir):
 @pytest.fixture(scope="session")
 def golden_gemma3(golden_dir):
     return json.loads((golden_dir / "llama_cpp_gemma-3-270m-q4_k_m.json").read_text())
+
+
+@pytest.fixture
+def float32_prompts(monkeypatch):
+    """Prompt matmuls in float32 even where the CPU has AVX512-BF16, for tests that compare a
+    batch with single tokens (or with the float64 reference) to float32 rounding."""
+    from llamatui.inference import matmul
+    monkeypatch.setattr(matmul, "USE_BF16", False)

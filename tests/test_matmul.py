@@ -4,7 +4,8 @@ Quantized bytes come from the starter models (the real tensors, read through our
 the types they contain, and from llama.cpp's own quantizer (`golden/quant_vectors.npz`: 34 rows of
 4096 values, real Gemma weights and edge cases) for every type. `matmul` must equal
 x @ dequantize(W).T up to float32 rounding, on both the decode path (n <= DECODE_MAX_TOKENS) and
-the tiled prefill path; `embedding_rows` must equal the dequantized rows exactly.
+the tiled prefill path; `embedding_rows` must equal the dequantized rows exactly. Where the CPU
+has AVX512-BF16, prompts multiply in bfloat16: within bf16's rounding of both operands.
 """
 import gguf
 import numpy as np
@@ -13,11 +14,15 @@ import pytest
 import llamatui.inference.matmul as mm
 from llamatui.inference.ggml_types import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
+from llamatui.inference.matmul_simd import HAS_AVX512_BF16
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 N_TOKENS = (1, 2, 7, 64)  # 1, 2: fused decode kernel; 7, 64: dequantized tiles + numba GEMM
 RTOL = 1e-4  # of sum_k |x_k * w_k|: float32 accumulation error only
+
+# float32 products here; the bfloat16 prompt path has its own test below
+pytestmark = pytest.mark.usefixtures("float32_prompts")
 
 # (model fixture, tensor, rows to use) for the types the starter models contain
 MODEL_TENSORS = [
@@ -177,3 +182,21 @@ def test_errors(vectors):
         mm.matmul("Q4_0", raw[:, ::2], np.zeros((1, 2048), np.float32))  # not contiguous
     with pytest.raises(TypeError):
         mm.matmul("Q4_0", raw.view(np.int8), x)
+
+
+@pytest.mark.skipif(not HAS_AVX512_BF16, reason="this CPU has no AVX512-BF16")
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "F16"])
+def test_bf16_prompt_path_within_bf16_rounding(type_name, vectors, monkeypatch):
+    """A prompt's matmul in bfloat16: each product carries at most bf16's rounding of both
+    operands (2 * 2^-9 relative), sums stay float32; a token's decode stays float32."""
+    monkeypatch.setattr(mm, "USE_BF16", True)
+    raw, w = golden_weight(vectors, type_name)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, w.shape[1])).astype(np.float32)
+    got = mm.matmul(type_name, raw, x)
+    bound = np.abs(x).astype(np.float64) @ np.abs(w).T
+    err = np.abs(got - x.astype(np.float64) @ w.T)
+    assert (err <= 2 * 2.0 ** -9 * bound + RTOL * bound).all()
+    assert err.max() > RTOL * bound.max() / 100  # the bf16 path was taken
+    one = mm.matmul(type_name, raw, x[:1])
+    assert (np.abs(one - x[:1].astype(np.float64) @ w.T) <= RTOL * bound[:1]).all()
