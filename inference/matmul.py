@@ -48,7 +48,7 @@ __all__ = ["matmul", "embedding_rows", "supported_matmul_types",
 # Largest n_tokens computed with the fused decode kernel (above: dequantized tiles + GEMM).
 DECODE_MAX_TOKENS = 3
 # Size of one dequantized float32 weight tile on the prefill path (one buffer per calling thread).
-TILE_BYTES = 4 << 20
+TILE_BYTES = 2 << 20
 # Decode kernels on smaller weights, and GEMMs of fewer flops, run on the calling thread only.
 PARALLEL_MIN_BYTES = 96 << 10
 PARALLEL_MIN_FLOPS = 2_000_000

@@ -17,7 +17,8 @@ The estimate is what the engine's process holds at its peak (resident memory), i
 - compute: the largest transient buffers of a forward pass, a micro-batch of u = min(n_ubatch,
   n_ctx) tokens against a full cache: activations (u rows of embedding/FFN width), attention
   scores (n_head * u * n_kv floats, capped by ops._ATTN_SCORE_BUDGET), the KQ masks (one per
-  window kind), the dequantized weight tile, and the logits and sampler over the vocabulary.
+  window kind), the dequantized weight tile (and its bfloat16 copy), and the logits and sampler
+  over the vocabulary.
 - overhead: the Python process with numpy, numba and llvmlite initialised (measured), numba's
   compiled kernels (per ggml type in use), the tokenizer's tables (per token and per merge), and
   model bookkeeping. The run that first compiles the kernels (after installing) peaks
@@ -40,9 +41,9 @@ MiB = 1 << 20
 RUNTIME_BYTES = 165 * MiB
 # numba kernels for one ggml type (decode matvec + dequantizing tile), loaded from numba's cache
 KERNEL_BYTES_PER_TYPE = 6 * MiB
-# tokenizer tables: per vocabulary entry (packed texts, hash table, scores, attributes: 9 MiB +
+# tokenizer tables: per vocabulary entry (packed texts, hash table, scores, attributes: 6 MiB +
 # 3 MiB for Gemma 3's 262,144), per BPE merge
-TOKEN_BYTES = 48
+TOKEN_BYTES = 36
 MERGE_BYTES = 180
 # The first run after installing (or upgrading) compiles the kernels: LLVM's working memory
 # adds this much to that run's peak, once (measured: 45-70 MiB for the starter models).
@@ -54,7 +55,7 @@ VOCAB_WORK_BYTES = 24
 # Defaults of the engine, read from it when importable
 DEFAULT_N_UBATCH = 512
 DEFAULT_SCORE_BUDGET = 8 << 20  # floats
-DEFAULT_TILE_BYTES = 4 << 20
+DEFAULT_TILE_BYTES = 2 << 20
 
 CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
@@ -292,7 +293,7 @@ class MemoryEstimate:
         masks = 4 * u * n_kv * n_masks
         kv_f32 = 4 * n_kv * max(s.n_head_kv or [1]) * (s.head_dim_k + s.head_dim_v) if u > 8 else 0
         vocab = VOCAB_WORK_BYTES * s.n_vocab
-        tile = self.tile_bytes if u > 4 else 0
+        tile = self.tile_bytes * 3 // 2 if u > 4 else 0  # the float32 tile and its bf16 copy
         return int(activations + scores + masks + kv_f32 + vocab + tile)
 
     def resident_at(self, n_tokens: int) -> int:
