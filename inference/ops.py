@@ -247,7 +247,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     q = np.ascontiguousarray(q, dtype=np.float32)
     if n <= ATTN_FUSED_MAX_TOKENS:
         out = np.empty((n, n_head, d_v), np.float32)
-        if d_k % 16 or d_v % 16:
+        # the vector kernel needs whole 16-value head slices, and for an f16 cache the CPU's
+        # fp16 loads (F16C on x86; without it LLVM would call a helper numba does not link)
+        if d_k % 16 or d_v % 16 or (k2.dtype == np.uint16 and not HAS_HW_FP16):
             _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), out)
         else:
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask,
