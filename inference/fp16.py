@@ -3,11 +3,12 @@ to inf, NaN to 0x7E00), fp16 -> fp32, and float32 <-> IEEE bits. Shared by the e
 fp16 table lookup, the f16 KV cache) and the quantizer."""
 import platform
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, types, vectorize
 from numba.extending import intrinsic
+
+from .matmul_simd import host_has
 
 _SCALE_TO_INF = np.float32(2.0 ** 112)
 _SCALE_TO_ZERO = np.float32(2.0 ** -110)
@@ -85,8 +86,7 @@ def f32_to_f16_bits(x):
 
 # x86 has a vector fp32 -> fp16 instruction with F16C (ggml's CPU uses it there); ARM64 always has
 # one. Elsewhere LLVM would call a runtime helper numba does not link, so the bit tricks stay.
-HAS_HW_FP16 = platform.machine().lower() in ("aarch64", "arm64") or \
-    "+f16c" in llvm.get_host_cpu_features().flatten().split(",")
+HAS_HW_FP16 = platform.machine().lower() in ("aarch64", "arm64") or host_has("f16c")
 
 
 @intrinsic

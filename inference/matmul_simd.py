@@ -463,12 +463,13 @@ class _BF16x32Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VBF)
 
 
-def _host_has(feature: str) -> bool:
+def host_has(feature: str) -> bool:
+    """Whether this CPU has an LLVM target feature ("f16c", "avx512bf16", ...)."""
     import llvmlite.binding as llvm
     return f"+{feature}" in llvm.get_host_cpu_features().flatten().split(",")
 
 
-HAS_AVX512_BF16 = _host_has("avx512bf16")
+HAS_AVX512_BF16 = host_has("avx512bf16")
 
 
 @intrinsic
