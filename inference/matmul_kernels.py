@@ -597,7 +597,8 @@ def gemm_bf16(x, wt, out, r0, serial):
 
 @njit(parallel=True, **_JIT)
 def to_bf16(src, dst, serial):
-    """dst (uint16, same shape, C-contiguous) = src (float32, size % 16 == 0) rounded to bfloat16."""
+    """dst (uint16, same shape, C-contiguous) = src (float32, size % 16 == 0) rounded to
+    bfloat16."""
     threads = threads_get()
     if serial:
         threads_set(1)

@@ -36,8 +36,8 @@ from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
 from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
 from .matmul_kernels import gemm_nn_f32
-from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vload, vreduce16, vstore,
-                          vsum, vzero)
+from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vload, vreduce16,
+                          vstore, vsum, vzero)
 
 # ----------------------------------------------------------------------------- RMS norm
 
@@ -332,7 +332,8 @@ def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
 
 @numba.njit(cache=True, nogil=True)
 def _kv_heads_f32(k, v, lut, kt, vf):
-    # k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) f32 or fp16 bits -> kt (Hkv, Dk, n_pad), vf (Hkv, n_pad, Dv)
+    # k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv): f32 or fp16 bits
+    # -> kt (Hkv, Dk, n_pad), vf (Hkv, n_pad, Dv)
     n_kv = k.shape[0]
     n_head_kv, d_k, _ = kt.shape
     d_v = vf.shape[2]
@@ -377,11 +378,16 @@ def _scores16(q, qo, k, ko, j, d_k, s, so):
     for c in range(0, d_k, 16):
         qv = vload(q, qo + c)
         col = ko + c
-        a0 = vfma(qv, _kv_vec(k, j, col), a0); a1 = vfma(qv, _kv_vec(k, j + 1, col), a1)  # noqa: E702
-        a2 = vfma(qv, _kv_vec(k, j + 2, col), a2); a3 = vfma(qv, _kv_vec(k, j + 3, col), a3)  # noqa: E702
-        a4 = vfma(qv, _kv_vec(k, j + 4, col), a4); a5 = vfma(qv, _kv_vec(k, j + 5, col), a5)  # noqa: E702
-        a6 = vfma(qv, _kv_vec(k, j + 6, col), a6); a7 = vfma(qv, _kv_vec(k, j + 7, col), a7)  # noqa: E702
-        a8 = vfma(qv, _kv_vec(k, j + 8, col), a8); a9 = vfma(qv, _kv_vec(k, j + 9, col), a9)  # noqa: E702
+        a0 = vfma(qv, _kv_vec(k, j, col), a0)
+        a1 = vfma(qv, _kv_vec(k, j + 1, col), a1)
+        a2 = vfma(qv, _kv_vec(k, j + 2, col), a2)
+        a3 = vfma(qv, _kv_vec(k, j + 3, col), a3)
+        a4 = vfma(qv, _kv_vec(k, j + 4, col), a4)
+        a5 = vfma(qv, _kv_vec(k, j + 5, col), a5)
+        a6 = vfma(qv, _kv_vec(k, j + 6, col), a6)
+        a7 = vfma(qv, _kv_vec(k, j + 7, col), a7)
+        a8 = vfma(qv, _kv_vec(k, j + 8, col), a8)
+        a9 = vfma(qv, _kv_vec(k, j + 9, col), a9)
         a10 = vfma(qv, _kv_vec(k, j + 10, col), a10)
         a11 = vfma(qv, _kv_vec(k, j + 11, col), a11)
         a12 = vfma(qv, _kv_vec(k, j + 12, col), a12)
