@@ -16,6 +16,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 _ERRORS = "surrogateescape"
+# Tokenizing asks for the same short pieces over and over: the answers to the latest lookups are
+# kept (a dict, emptied when it reaches this size: ~3 MiB at most)
+_RECENT_MAX = 1 << 15
+_MISSING = object()
 
 
 class Vocab(Sequence):
@@ -33,6 +37,7 @@ class Vocab(Sequence):
             raise ValueError("vocabulary offsets do not cover the text blob")
         self._offsets = array("I", offsets.astype(np.uint32).tobytes())
         self._n = n
+        self._recent: dict[str, int | None] = {}
         size = 1 << max(4, (2 * n - 1).bit_length())  # at most half full
         self._mask = size - 1
         self._slots = slots = array("i", [-1]) * size
@@ -69,15 +74,26 @@ class Vocab(Sequence):
 
     def get(self, text: str, default=None):
         """The id of `text`, or `default`."""
+        found = self._recent.get(text, _MISSING)
+        if found is _MISSING:
+            found = self._lookup(text)
+            if len(self._recent) >= _RECENT_MAX:
+                self._recent.clear()
+            self._recent[text] = found
+        return default if found is None else found
+
+    def _lookup(self, text: str) -> int | None:
         h = hash(text)
         slots, hashes, mask = self._slots, self._hashes, self._mask
         j = h & mask
         h &= 0xFFFFFFFF
         while (k := slots[j]) >= 0:
-            if hashes[k] == h and self.text(k) == text:
-                return k
+            if hashes[k] == h:  # almost surely the text: confirm on the bytes
+                o = self._offsets
+                if self._blob[o[k]:o[k + 1]] == text.encode("utf-8", _ERRORS):
+                    return k
             j = (j + 1) & mask
-        return default
+        return None
 
     def __getitem__(self, token_id: int) -> str:
         return self.text(token_id)

@@ -27,6 +27,8 @@ def test_lookups_and_errors():
     vocab = Vocab.from_texts(["a", "ab", "▁the", "\udcff", "日本"])
     assert [vocab.get(t) for t in ("a", "ab", "▁the", "\udcff", "日本")] == [0, 1, 2, 3, 4]
     assert vocab.get("abc") is None and vocab.get("") is None and vocab.get("b", -1) == -1
+    assert vocab.get("b") is None and vocab.get("b", 7) == 7  # remembered misses keep defaults
+    assert vocab.get("ab") == vocab.get("ab") == 1
     assert "ab" in vocab and "b" not in vocab and 1 not in vocab
     assert list(vocab) == ["a", "ab", "▁the", "\udcff", "日本"]
     with pytest.raises(IndexError):
