@@ -1,6 +1,7 @@
 """llamatui against its peers, measured in one run on this machine.
 
     python benchmarks/compare.py [-t 2] [-r 3] [--models smollm2-135m gemma3-270m]
+                                 [--transformers-python VENV/bin/python]
 
 For each starter model: llama-bench's pp512 and tg128 for llamatui, and for llama.cpp (through
 llama-cpp-python) and Hugging Face transformers (PyTorch CPU, loading the same GGUF) when they are
@@ -104,7 +105,7 @@ path, threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(threads)
 model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                              gguf_file=os.path.basename(path),
-                                             torch_dtype=torch.float32)
+                                             dtype=torch.float32)
 ids = torch.randint(0, model.config.vocab_size, (1, 512))
 @torch.no_grad()
 def pp():
@@ -118,13 +119,10 @@ def tg():
 """
 
 
-def peer(probe, module, path, threads, reps):
-    try:
-        __import__(module)
-    except ImportError:
+def peer(probe, module, path, threads, reps, python=sys.executable):
+    if subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode:
         return None, f"{module} not installed"
-    proc = subprocess.run([sys.executable, "-c", probe + TIMING, str(path), str(threads),
-                           str(reps)],
+    proc = subprocess.run([python, "-c", probe + TIMING, str(path), str(threads), str(reps)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
@@ -157,6 +155,9 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--transformers-python", default=sys.executable,
+                    help="the Python that has torch and transformers (a separate venv keeps "
+                         "their multi-GB install out of llamatui's)")
     args = ap.parse_args()
     from conftest import _starter
 
@@ -165,9 +166,10 @@ def main():
         print(f"\n## {path.name} (-t {args.threads}, {args.repetitions} repetitions)")
         mine = ours(path, args.threads, args.repetitions)
         rows = [("llamatui", mine, None)]
-        for label, probe, module in (("llama.cpp", LLAMA_CPP_PROBE, "llama_cpp"),
-                                     ("transformers", TRANSFORMERS_PROBE, "transformers")):
-            res, why = peer(probe, module, path, args.threads, args.repetitions)
+        for label, probe, module, python in (
+                ("llama.cpp", LLAMA_CPP_PROBE, "llama_cpp", sys.executable),
+                ("transformers", TRANSFORMERS_PROBE, "transformers", args.transformers_python)):
+            res, why = peer(probe, module, path, args.threads, args.repetitions, python)
             rows.append((label, res, why))
         print(f"| {'runtime':12s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | "
               f"{'pp ratio':>9s} | {'tg ratio':>9s} |")
