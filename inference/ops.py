@@ -421,6 +421,16 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
         j0 = (it % n_pieces) * cells
         j1 = min(n_kv, j0 + cells)
         span = j1 - j0
+        visible = False
+        for j in range(j0, j1):
+            if mask[t, j] != -np.inf:
+                visible = True
+                break
+        if not visible:  # a piece wholly outside the window (or not this sequence's): skipped
+            for r in range(grp):
+                part_m[it, r] = -np.inf
+                part_l[it, r] = 0.0
+            continue
         s = np.empty((grp, span), np.float32)
         for r in range(grp):
             qo = (t * n_head + g * grp + r) * d_k
