@@ -133,15 +133,21 @@ def vbcast(typingctx, s):
     return f32x16(types.float32), cg
 
 
-@intrinsic
-def vload(typingctx, arr, idx):
-    """arr.flat[idx : idx + 16] of a float32 array"""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
-        return None
+def _vector_loader(dtype, ty, align, restype, doc):
+    """An intrinsic (arr, idx) -> the vector `ty` at arr.flat[idx] of a `dtype` array."""
+    @intrinsic
+    def load(typingctx, arr, idx):
+        if not (isinstance(arr, types.Array) and arr.dtype == dtype):
+            return None
 
-    def cg(context, builder, sig, args):
-        return _load(context, builder, sig.args[0], args[0], args[1], _VF, 4)
-    return f32x16(arr, types.intp), cg
+        def cg(context, builder, sig, args):
+            return _load(context, builder, sig.args[0], args[0], args[1], ty, align)
+        return restype(arr, types.intp), cg
+    load.__doc__ = doc
+    return load
+
+
+vload = _vector_loader(types.float32, _VF, 4, f32x16, "arr.flat[idx : idx + 16] of a float32 array")
 
 
 @intrinsic
@@ -472,15 +478,8 @@ def host_has(feature: str) -> bool:
 HAS_AVX512_BF16 = host_has("avx512bf16")
 
 
-@intrinsic
-def vload_bf16(typingctx, arr, idx):
-    """arr.flat[idx : idx + 32] of a uint16 array holding bfloat16 bits"""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.uint16):
-        return None
-
-    def cg(context, builder, sig, args):
-        return _load(context, builder, sig.args[0], args[0], args[1], _VBF, 2)
-    return bf16x32(arr, types.intp), cg
+vload_bf16 = _vector_loader(types.uint16, _VBF, 2, bf16x32,
+                            "arr.flat[idx : idx + 32] of a uint16 array holding bfloat16 bits")
 
 
 @intrinsic

@@ -597,15 +597,20 @@ def _swiglu(g, u, out, serial):
         threads_set(threads)
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up, float32, same shape (2-D)."""
+def _gated(name: str, kernel, gate: np.ndarray, up: np.ndarray, *tables) -> np.ndarray:
+    """kernel(gate, up, *tables, out, serial) on float32 2-D arrays of one shape: a new array."""
     g = np.ascontiguousarray(gate, dtype=np.float32)
     u = np.ascontiguousarray(up, dtype=np.float32)
     if g.shape != u.shape or g.ndim != 2:
-        raise ValueError(f"swiglu: gate {g.shape} and up {u.shape}")
+        raise ValueError(f"{name}: gate {g.shape} and up {u.shape}")
     out = np.empty_like(g)
-    _swiglu(g, u, out, g.size < PARALLEL_MIN_VALUES)
+    kernel(g, u, *tables, out, g.size < PARALLEL_MIN_VALUES)
     return out
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, float32, same shape (2-D)."""
+    return _gated("swiglu", _swiglu, gate, up)
 
 
 _GELU_COEF_A = np.float32(0.044715)
@@ -649,13 +654,7 @@ def _geglu_table(g, u, table, out, serial):
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up as ggml's CPU computes it (fp16 GELU table), float32 (2-D)."""
-    g = np.ascontiguousarray(gate, dtype=np.float32)
-    u = np.ascontiguousarray(up, dtype=np.float32)
-    if g.shape != u.shape or g.ndim != 2:
-        raise ValueError(f"geglu: gate {g.shape} and up {u.shape}")
-    out = np.empty_like(g)
-    _geglu_table(g, u, _GELU_TABLE, out, g.size < PARALLEL_MIN_VALUES)
-    return out
+    return _gated("geglu", _geglu_table, gate, up, _GELU_TABLE)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
