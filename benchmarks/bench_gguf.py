@@ -51,7 +51,7 @@ def dequant_table():
 
     # Real data: the golden rows (Gemma 3 weights and edge cases) as ggml quantized them, tiled
     # to 4M elements; F32 from the same rows.
-    golden = np.load(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden",
+    golden = np.load(os.path.join(os.path.dirname(__file__), "..", "tests", "golden",
                                   "quant_vectors.npz"))
     print(f"\n{'type':8s} {'llamatui MB/s':>14s} {'gguf-py MB/s':>13s} {'ratio':>8s}")
     for name in SUPPORTED_TYPES:

@@ -8,13 +8,15 @@ import pytest
 
 from llamatui.models.store import pull_starter
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+# llama.cpp's reference outputs, copied byte for byte from the steering repo's shared/golden/
+# (see tests/golden/README.md): the suite needs nothing outside the checkout.
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 
 
 @pytest.fixture(scope="session")
 def golden_dir() -> pathlib.Path:
     if not GOLDEN.is_dir():
-        pytest.fail(f"golden data not found at {GOLDEN} (expected ../shared/golden beside the checkout)")
+        pytest.fail(f"golden data not found at {GOLDEN}")
     return GOLDEN
 
 
