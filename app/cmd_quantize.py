@@ -3,16 +3,15 @@ import sys
 
 from rich.console import Console
 
+from llamatui.inference.catalog import MIXES
 from llamatui.models.store import resolve_model
 
 from .cli import CommandError
 from .progress import byte_progress
 
 
-# The mixes llamatui.quantizer.model.FTYPES offers; spelled out here because importing the
-# quantizer (numba) would slow down every `llamatui` start. A test keeps the two in step.
-TYPE_NAMES = ("Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_0 Q4_1 Q5_0 Q5_1 Q4_K_S Q4_K_M Q5_K_S Q5_K_M "
-              "Q6_K Q8_0 IQ4_NL IQ4_XS F16 BF16 F32").split()
+# The mixes the quantizer writes, from the catalog (which imports no numba: `llamatui` starts fast).
+TYPE_NAMES = [m.name for m in MIXES if m.quantizable]
 
 
 def add_arguments(p):

@@ -119,7 +119,7 @@ def output_name(source_name: str, quant: str) -> str:
 
 def _predicted(header, quant: str) -> tuple[int, frozenset[str]]:
     """(tensor bytes after quantizing, the matrices' types) by quantizer.model's own choice."""
-    from llamatui.inference.ggml_types import GGML_TYPES
+    from llamatui.inference.catalog import GGML_TYPES
     from llamatui.quantizer.model import ModelFacts, plan_tensor_types, tensor_specs
     plans = plan_tensor_types(tensor_specs(header), ModelFacts.from_metadata(header.metadata),
                               quant)

@@ -1,9 +1,12 @@
 """The backend seam: every kernel the layer loop runs goes through one of these methods.
 
-A backend prepares weights once (`weight` for matrices, `vector` for norms and biases) and then
-computes on its own arrays. The model asks for a backend per layer (`Model.layer_backends`), and
-moves activations between backends with `take`, so another backend (CuPy, for llama.cpp's
-`-ngl`) can run the first N layers without the architecture code changing.
+`Backend` is the interface. A backend owns what its layers touch on its device: it prepares
+weights once (`weight` for matrices, `vector` for norms and biases), allocates the K and V rows of
+its layers (`kv_store`; the KVCache keeps only cells and positions), and computes on its own
+arrays. The model asks for a backend per layer (`Model.layer_backends`) and moves activations
+between backends with `take`, so hidden states cross a device boundary once per boundary per
+batch and another backend (a GPU's, for llama.cpp's `-ngl`) can run some layers without the
+architecture code changing.
 
 `CPUBackend` runs on numpy/numba: quantized matrix products through `llamatui.inference.matmul`
 (K-quant and legacy kernels working on the GGUF bytes in place), the rest through `ops`.
@@ -12,12 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from abc import ABC, abstractmethod
 
 import numba
 import numpy as np
 
 from . import ops
-from .ggml_types import GGML_TYPES
+from .catalog import GGML_TYPES
+from .kv_cache import HostKVStore
 from .matmul import embedding_rows, matmul
 
 
@@ -74,7 +79,73 @@ class QWeight:
         return f"QWeight({self.name!r}, {self.type}, {self.n_out}x{self.n_in})"
 
 
-class CPUBackend:
+class Backend(ABC):
+    """What a device must do to run layers. Arrays are the backend's own (numpy here, device
+    arrays on a GPU); `take` brings an activation from another backend, `to_host` gives numpy."""
+
+    name = ""
+
+    @abstractmethod
+    def weight(self, tensor):
+        """A 2-D GGUF tensor prepared for `matmul` / `get_rows` (raw quantized blocks)."""
+
+    @abstractmethod
+    def vector(self, tensor):
+        """A 1-D tensor (norm weight, bias) as float32."""
+
+    @abstractmethod
+    def kv_store(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
+        """The K or V rows of one layer for n_ctx cells, kept on this device: an object with
+        `nbytes`, `write(cells, x)`, `read(n)` (what `attention` takes), `read_f32(n)` and
+        `read_cells(cells)` (float32, for shifting K), like kv_cache.HostKVStore."""
+
+    @abstractmethod
+    def take(self, x):
+        """An activation array from any backend, here."""
+
+    @abstractmethod
+    def to_host(self, x) -> np.ndarray:
+        """One of this backend's arrays as a numpy array."""
+
+    @abstractmethod
+    def get_rows(self, w, ids: np.ndarray):
+        """Rows `ids` of `w`, float32 (n, n_in) (the token embedding lookup)."""
+
+    @abstractmethod
+    def matmul(self, w, x):
+        """x (n, n_in) float32 times wᵀ: (n, n_out)."""
+
+    @abstractmethod
+    def rms_norm(self, x, w, eps: float):
+        """RMS norm over the last axis, times `w`."""
+
+    @abstractmethod
+    def rope(self, x, pos: np.ndarray, spec: ops.RopeSpec):
+        """x (n, n_head, head_dim) rotated for positions `pos` (may rotate in place)."""
+
+    @abstractmethod
+    def attention(self, q, k, v, mask: np.ndarray, scale: float):
+        """softmax(q·kᵀ·scale + mask)·v with grouped KV heads, k and v as this backend's
+        kv_store.read gives them: (n, n_head * head_dim_v)."""
+
+    @abstractmethod
+    def swiglu(self, gate, up):
+        """silu(gate) * up."""
+
+    @abstractmethod
+    def geglu(self, gate, up):
+        """gelu_tanh(gate) * up (ggml's fp16-table GELU)."""
+
+    @abstractmethod
+    def add(self, a, b):
+        """a + b (broadcasting a bias over rows)."""
+
+    @abstractmethod
+    def scale(self, x, s: float):
+        """x * s."""
+
+
+class CPUBackend(Backend):
     """numpy/numba kernels on the host."""
 
     name = "cpu"
@@ -93,6 +164,9 @@ class CPUBackend:
     def vector(self, tensor) -> np.ndarray:
         """A 1-D tensor (norm weight, bias) as float32."""
         return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32).reshape(-1)
+
+    def kv_store(self, type_name: str, n_ctx: int, n_head: int, head_dim: int) -> HostKVStore:
+        return HostKVStore(type_name, n_ctx, n_head, head_dim)
 
     def take(self, x) -> np.ndarray:
         """An activation array from any backend, here."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .catalog import mix_name
 from .chat_template import ChatTemplate
 from .gguf import GGUFFile
 from .kv_cache import KVCacheFullError
@@ -26,13 +27,6 @@ from .tokenizer import Tokenizer
 
 Progress = Callable[[str, int, int], None]
 CONTEXT_POLICIES = ("error", "shift")
-FILE_TYPES = {  # general.file_type (llama_ftype) → the name people use for the mix
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
-    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
-    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
-    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
-    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
-}
 
 
 class ContextFullError(ValueError):
@@ -123,7 +117,7 @@ class Engine:
             path=str(gguf.path),
             name=str(md.get("general.name") or os.path.basename(str(gguf.path))),
             architecture=model.hparams.arch,
-            quantization=FILE_TYPES.get(ftype, f"type {ftype}" if ftype is not None else "?"),
+            quantization=mix_name(ftype),
             n_params=sum(t.n_elements for t in gguf.tensors.values()),
             n_layer=model.hparams.n_layer,
             n_embd=model.hparams.n_embd,

@@ -19,7 +19,7 @@ from enum import IntEnum
 import numba
 import numpy as np
 
-from .ggml_types import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
+from .catalog import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -29,15 +29,17 @@ class KVCacheFullError(RuntimeError):
     """No room in the cache for a batch (as llama_decode's return value 1)."""
 
 
-def _check_type(name: str) -> str:
+def check_cache_type(name: str) -> str:
     t = str(name).lower()
     if t not in CACHE_TYPES:
         raise ValueError(f"unsupported KV cache type {name!r}; supported: {', '.join(CACHE_TYPES)}")
     return t
 
 
-class _Store:
-    """The rows of one tensor (K or V of one layer) for all cells, in one storage type."""
+class HostKVStore:
+    """The rows of one tensor (K or V of one layer) for all cells, in one storage type, in host
+    memory (what CPUBackend.kv_store gives; another backend keeps its layers' rows on its device
+    behind the same methods)."""
 
     def __init__(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
         self.type = type_name
@@ -52,6 +54,10 @@ class _Store:
                 raise ValueError(f"q8_0 cache: a row of {self.row} values is not a whole number "
                                  f"of {ops.QK8_0}-value blocks")
             self.data = np.zeros((n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
 
     def write(self, cells: np.ndarray, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float32).reshape(len(cells), self.row)
@@ -89,11 +95,14 @@ class KVCache:
 
     layer_rope: one `ops.RopeSpec` per layer, used to re-rope K when positions are shifted
     (`seq_add`); without it, shifting raises.
+    layer_backends: the backend of each layer, which allocates and keeps that layer's K and V
+    rows (`backend.kv_store`); None: host memory.
     """
 
     def __init__(self, n_ctx: int, n_layer: int, n_head_kv: int, head_dim_k: int,
                  head_dim_v: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                 n_seq_max: int = 1, layer_rope: Sequence[ops.RopeSpec] | None = None):
+                 n_seq_max: int = 1, layer_rope: Sequence[ops.RopeSpec] | None = None,
+                 layer_backends: Sequence | None = None):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_seq_max <= 0:
@@ -105,11 +114,19 @@ class KVCache:
         self.n_layer = int(n_layer)
         self.n_head_kv = int(n_head_kv)
         self.head_dim_k, self.head_dim_v = int(head_dim_k), int(head_dim_v)
-        self.type_k, self.type_v = _check_type(type_k), _check_type(type_v)
+        self.type_k, self.type_v = check_cache_type(type_k), check_cache_type(type_v)
         self.n_seq_max = int(n_seq_max)
         self.layer_rope = list(layer_rope) if layer_rope is not None else None
-        self.k = [_Store(self.type_k, self._n_ctx, n_head_kv, head_dim_k) for _ in range(n_layer)]
-        self.v = [_Store(self.type_v, self._n_ctx, n_head_kv, head_dim_v) for _ in range(n_layer)]
+        if layer_backends is not None and len(layer_backends) != n_layer:
+            raise ValueError(f"{len(layer_backends)} backends for {n_layer} layers")
+
+        def store(il, type_name, head_dim):
+            if layer_backends is None:
+                return HostKVStore(type_name, self._n_ctx, n_head_kv, head_dim)
+            return layer_backends[il].kv_store(type_name, self._n_ctx, n_head_kv, head_dim)
+
+        self.k = [store(il, self.type_k, head_dim_k) for il in range(n_layer)]
+        self.v = [store(il, self.type_v, head_dim_v) for il in range(n_layer)]
         self.pos = np.full(self._n_ctx, -1, np.int32)  # -1: empty cell
         self.seq = np.zeros((self._n_ctx, self.n_seq_max), np.bool_)
 
@@ -125,7 +142,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.data.nbytes for s in self.k) + sum(s.data.nbytes for s in self.v)
+        return sum(s.nbytes for s in self.k) + sum(s.nbytes for s in self.v)
 
     def n_kv(self) -> int:
         """Cells the attention has to look at: one past the highest used cell."""

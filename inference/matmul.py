@@ -37,7 +37,7 @@ import threading
 
 import numpy as np
 
-from .ggml_types import GGML_TYPES
+from .catalog import GGML_TYPES
 from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
 from .matmul_simd import HAS_AVX512_BF16
 

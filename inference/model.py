@@ -14,163 +14,20 @@ sliding window on local layers). Only the rows that want logits leave the last l
 """
 from __future__ import annotations
 
-import math
 import os
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
-from . import ops
+from .archs.base import Architecture, WeightLoader
 from .backend import CPUBackend
-from .kv_cache import KVCache, KVCacheFullError
+from .catalog import UnsupportedArchitectureError, get_arch
+from .hparams import HParams, ModelMetadataError, read_hparams
+from .kv_cache import KVCache, KVCacheFullError, check_cache_type
+from .memory import check_kv_fits, kv_bytes_per_cell
 
-__all__ = ["ARCHITECTURES", "Architecture", "Batch", "ForwardContext", "HParams",
-           "KVCacheFullError", "Model", "UnsupportedArchitectureError", "get_architecture",
-           "read_hparams"]
-
-ARCHITECTURES: dict[str, "Architecture"] = {}
-
-
-class UnsupportedArchitectureError(ValueError):
-    """A GGUF file whose `general.architecture` has no forward pass here."""
-
-    def __init__(self, arch):
-        self.arch = arch
-        super().__init__(f"unsupported model architecture {arch!r}; supported: "
-                         f"{', '.join(sorted(ARCHITECTURES))}")
-
-
-def register(arch: "Architecture") -> "Architecture":
-    ARCHITECTURES[arch.name] = arch
-    return arch
-
-
-def get_architecture(name) -> "Architecture":
-    try:
-        return ARCHITECTURES[name]
-    except (KeyError, TypeError):
-        raise UnsupportedArchitectureError(name) from None
-
-
-# ----------------------------------------------------------------------------- hyperparameters
-
-_REQUIRED = object()
-
-
-def _meta(md: Mapping, key: str, default=_REQUIRED):
-    if key in md:
-        return md[key]
-    if default is _REQUIRED:
-        raise ValueError(f"GGUF metadata lacks {key!r}")
-    return default
-
-
-def _uniform(value, what: str) -> int:
-    """A per-model count that GGUF may give per layer (an array): all layers must agree."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        vals = {int(v) for v in value}
-        if len(vals) != 1:
-            raise ValueError(f"{what} differs between layers ({sorted(vals)}); not supported")
-        return vals.pop()
-    return int(value)
-
-
-@dataclass
-class HParams:
-    """What the forward pass needs to know about a model (llama_hparams)."""
-    arch: str
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_rot: int
-    rms_eps: float
-    rope_neox: bool
-    rope_freq_base: float
-    rope_freq_scale: float = 1.0
-    rope_freq_factors: np.ndarray | None = None
-    n_swa: int = 0  # sliding window size; 0: none
-    swa_layers: tuple[bool, ...] = ()
-    rope_freq_base_swa: float = 10000.0
-    rope_freq_scale_swa: float = 1.0
-    attn_scale: float = 0.0  # 0: 1/sqrt(head_dim_k)
-    final_logit_softcap: float = 0.0
-
-    def is_swa(self, il: int) -> bool:
-        return bool(self.n_swa > 0 and self.swa_layers and self.swa_layers[il])
-
-    def layer_rope(self, il: int) -> ops.RopeSpec:
-        if self.is_swa(il):
-            return ops.RopeSpec(self.n_rot, self.rope_freq_base_swa, self.rope_freq_scale_swa,
-                                self.rope_neox, self.rope_freq_factors)
-        return ops.RopeSpec(self.n_rot, self.rope_freq_base, self.rope_freq_scale,
-                            self.rope_neox, self.rope_freq_factors)
-
-    @property
-    def kq_scale(self) -> float:
-        return self.attn_scale if self.attn_scale else 1.0 / math.sqrt(self.head_dim_k)
-
-
-def swa_pattern_layers(n_layer: int, n_pattern: int) -> tuple[bool, ...]:
-    """llama_hparams::set_swa_pattern: layer il is sliding-window when il % n < n - 1
-    (n = 0: every layer)."""
-    return tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer))
-
-
-def read_hparams(gguf, arch: str, *, rope_neox: bool) -> HParams:
-    """The hyperparameters every supported architecture shares, from `{arch}.*` metadata."""
-    md = gguf.metadata
-    p = arch + "."
-    n_embd = int(_meta(md, p + "embedding_length"))
-    n_layer = int(_meta(md, p + "block_count"))
-    n_head = _uniform(_meta(md, p + "attention.head_count"), "attention.head_count")
-    n_head_kv = _uniform(_meta(md, p + "attention.head_count_kv", n_head),
-                         "attention.head_count_kv")
-    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-        raise ValueError(f"{n_head} attention heads cannot share {n_head_kv} KV heads")
-    head_dim_k = int(_meta(md, p + "attention.key_length", n_embd // n_head))
-    head_dim_v = int(_meta(md, p + "attention.value_length", head_dim_k))
-    tok = gguf.tensors.get("token_embd.weight")
-    if tok is None:
-        raise ValueError("the model has no token_embd.weight")
-    n_vocab = int(tok.shape[0])
-    scaling = str(_meta(md, p + "rope.scaling.type", "none")).lower()
-    factor = float(_meta(md, p + "rope.scaling.factor", 0.0) or
-                   _meta(md, p + "rope.scale_linear", 0.0) or 0.0)
-    if scaling not in ("none", "linear"):
-        raise ValueError(f"RoPE scaling type {scaling!r} is not supported (only linear)")
-    freq_scale = 1.0 / factor if factor else 1.0
-    ff = None
-    if "rope_freqs.weight" in gguf.tensors:
-        ff = np.ascontiguousarray(gguf.tensors["rope_freqs.weight"].dequantize(),
-                                  dtype=np.float32).reshape(-1)
-    return HParams(
-        arch=arch, n_vocab=n_vocab,
-        n_ctx_train=int(_meta(md, p + "context_length", 2048)),
-        n_embd=n_embd, n_layer=n_layer,
-        n_ff=_uniform(_meta(md, p + "feed_forward_length"), "feed_forward_length"),
-        n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v,
-        n_rot=int(_meta(md, p + "rope.dimension_count", head_dim_k)),
-        rms_eps=float(_meta(md, p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_neox=rope_neox,
-        rope_freq_base=float(_meta(md, p + "rope.freq_base", 10000.0)),
-        rope_freq_scale=freq_scale, rope_freq_factors=ff,
-    )
-
-
-def tensor(gguf, name: str, optional: bool = False):
-    """The GGUF tensor `name`; None when absent and `optional`, else ValueError."""
-    t = gguf.tensors.get(name)
-    if t is None and not optional:
-        raise ValueError(f"the model lacks tensor {name!r}")
-    return t
+__all__ = ["Architecture", "Batch", "ForwardContext", "HParams", "KVCacheFullError", "Model",
+           "ModelMetadataError", "UnsupportedArchitectureError"]
 
 
 # ----------------------------------------------------------------------------- batches
@@ -258,6 +115,11 @@ class ForwardContext:
         """The backend that runs layer `il` (-1: input embedding, n_layer: output head)."""
         return self.model.backend_for(il)
 
+    def keep_rows(self, il: int) -> np.ndarray | None:
+        """On the last layer, the rows that go on to the output (llama.cpp's inp_out_ids);
+        None on the others."""
+        return self.out_rows if il == self.hp.n_layer - 1 else None
+
     def mask(self, n_swa: int) -> np.ndarray:
         m = self._masks.get(n_swa)
         if m is None:
@@ -270,28 +132,10 @@ class ForwardContext:
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
         attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v)."""
         be = self.backend(il)
-        self.kv.write(il, self.cells, be.to_host(k), be.to_host(v))
+        self.kv.write(il, self.cells, k, v)  # into the rows the layer's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
         n_swa = self.hp.n_swa if self.hp.is_swa(il) else 0
         return be.attention(q, k_all, v_all, self.mask(n_swa), scale)
-
-
-class Architecture(ABC):
-    """One model family: its hyperparameters, its weights, its forward pass."""
-
-    name = ""
-
-    @abstractmethod
-    def hparams(self, gguf) -> HParams:
-        """The model's HParams from its GGUF metadata and tensors."""
-
-    @abstractmethod
-    def load_weights(self, gguf, hp: HParams, model: "Model"):
-        """The weights, each prepared by the backend of its layer (`model.backend_for(il)`)."""
-
-    @abstractmethod
-    def forward(self, ctx: ForwardContext, weights) -> np.ndarray:
-        """Logits float32 (len(ctx.out_rows), n_vocab) for the micro-batch."""
 
 
 # ----------------------------------------------------------------------------- the model
@@ -300,18 +144,29 @@ class Architecture(ABC):
 class Model:
     """A loaded model with its KV cache. `decode(batch)` → logits of the rows that asked."""
 
-    def __init__(self, gguf, arch: Architecture, hparams: HParams, kv: KVCache, backend,
+    def __init__(self, gguf, arch: Architecture, hparams: HParams, backend, n_ctx: int,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", n_seq_max: int = 1,
                  n_ubatch: int = 512, owns_file: bool = False):
         self.gguf = gguf
         self.arch = arch
         self.hparams = hparams
-        self.kv = kv
         self.backend = backend
-        # one backend per layer: a GPU backend may take the first layers (-ngl) later
+        # one backend per layer: a GPU backend may take the first layers (-ngl)
         self.layer_backends = [backend] * hparams.n_layer
         self.n_ubatch = int(n_ubatch)
         self._owns_file = owns_file
-        self.weights = arch.load_weights(gguf, hparams, self)
+        # weights first: every tensor is checked against the hyperparameters before the cache
+        # (the one big allocation) is made
+        self.weights = arch.load_weights(WeightLoader(gguf, self), hparams)
+        hp = hparams
+        cache_type_k, cache_type_v = check_cache_type(cache_type_k), check_cache_type(cache_type_v)
+        check_kv_fits(n_ctx, kv_bytes_per_cell(hp.n_layer, hp.n_head_kv, hp.head_dim_k,
+                                               hp.head_dim_v, cache_type_k, cache_type_v),
+                      sum(t.nbytes for t in gguf.tensors.values()))
+        self.kv = KVCache(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                          type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
+                          layer_rope=[hp.layer_rope(il) for il in range(hp.n_layer)],
+                          layer_backends=self.layer_backends)
 
     @classmethod
     def load(cls, gguf_file, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
@@ -323,13 +178,19 @@ class Model:
             from .gguf import GGUFFile
             gguf_file = GGUFFile.open(gguf_file)
             owns = True
-        arch = get_architecture(gguf_file.metadata.get("general.architecture"))
-        hp = arch.hparams(gguf_file)
-        n_ctx = int(n_ctx) if n_ctx and n_ctx > 0 else hp.n_ctx_train
-        kv = KVCache(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
-                     type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
-                     layer_rope=[hp.layer_rope(il) for il in range(hp.n_layer)])
-        return cls(gguf_file, arch, hp, kv, backend or CPUBackend(), n_ubatch, owns)
+        try:
+            spec = get_arch(gguf_file.metadata.get("general.architecture"))
+            hp = read_hparams(gguf_file, spec)
+            if n_ctx < 0:
+                raise ValueError(f"the context size must be 0 (the model's own, "
+                                 f"{hp.n_ctx_train}) or positive, not {n_ctx}")
+            n_ctx = int(n_ctx) or hp.n_ctx_train
+            return cls(gguf_file, spec.load(), hp, backend or CPUBackend(), n_ctx, cache_type_k,
+                       cache_type_v, n_seq_max, n_ubatch, owns)
+        except BaseException:
+            if owns:
+                gguf_file.close()
+            raise
 
     # ---------------------------------------------------------------- properties
 
@@ -411,6 +272,3 @@ class Model:
         self.kv.seq_rm(seq_id, -1, -1)
         return self.decode(Batch(token_ids, pos=0, seq_ids=seq_id, logits=True))
 
-
-# The architectures register themselves; imported last because they use the pieces above.
-from . import arch_gemma3, arch_llama  # noqa: E402,F401  (registers them)

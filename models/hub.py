@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlparse
 
+from llamatui.inference.catalog import MIXES, MIXES_BY_NAME
+
 from .store import StoreError
 
 # ----------------------------------------------------------------------------- errors
@@ -213,22 +215,8 @@ def looks_like_hub_ref(text: str) -> bool:
 
 # ----------------------------------------------------------------------------- quantizations
 
-# llama.cpp's quantization mixes, best first (perplexity order from llama-quantize's table).
-QUALITY_ORDER = (
-    "F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
-    "Q4_1", "IQ4_NL", "IQ4_XS", "Q4_0", "MXFP4", "Q3_K_L", "Q3_K_M", "IQ3_M", "IQ3_S", "Q3_K_S",
-    "IQ3_XS", "IQ3_XXS", "Q2_K", "Q2_K_S", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M",
-    "IQ1_S", "TQ2_0", "TQ1_0",
-)
+QUALITY_ORDER = tuple(m.name for m in MIXES)  # llama.cpp's mixes, best first
 _QUALITY_RANK = {q: i for i, q in enumerate(QUALITY_ORDER)}
-
-# Mixes whose tensor types the engine's kernels all compute (F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1
-# Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS); the IQ1-IQ3, TQ and MXFP4 types are not implemented.
-ENGINE_QUANTS = frozenset((
-    "F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M",
-    "Q4_K_S", "Q4_1", "Q4_0", "IQ4_NL", "IQ4_XS", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K",
-    "Q2_K_S",
-))
 
 _QUANT_RE = re.compile(
     r"(?<![A-Za-z0-9])(?:UD-)?("
@@ -285,7 +273,7 @@ def engine_supports(quant: str | None) -> bool | None:
     if quant is None:
         return None
     base = base_quant(quant)
-    return base in ENGINE_QUANTS if base else False
+    return MIXES_BY_NAME[base].runs_here if base else False
 
 
 def shard_of(path: str) -> tuple[int, int] | None:

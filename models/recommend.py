@@ -34,6 +34,11 @@ import math
 import pathlib
 from dataclasses import dataclass, field
 
+from llamatui.inference.catalog import (ARCHITECTURES, ENGINE_TYPES, MIXES_BY_NAME, Arch,
+                                        runs_here)
+from llamatui.inference.hparams import ModelMetadataError, read_hparams
+from llamatui.inference.memory import CACHE_BYTES_PER_VALUE
+
 MiB = 1 << 20
 
 # --- measured (benchmarks/bench_memory.py): the process before any model is opened: CPython,
@@ -57,17 +62,10 @@ DEFAULT_N_UBATCH = 512
 DEFAULT_SCORE_BUDGET = 8 << 20  # floats
 DEFAULT_TILE_BYTES = 2 << 20
 
-CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
 # GPU planning: what a CUDA context and allocator slack take before any tensor
 GPU_RESERVE_BYTES = 512 * MiB
 RAM_USABLE_FRACTION = 0.9  # of psutil's "available"
-
-# ggml types the engine's kernels compute (inference.matmul.supported_matmul_types)
-ENGINE_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
-                          "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"))
-ENGINE_ARCHITECTURES = frozenset(("llama", "gemma3"))
-
 
 def _engine_constants() -> tuple[int, int]:
     """(attention score budget in floats, dequantized tile bytes) as the engine has them."""
@@ -82,16 +80,12 @@ def _engine_constants() -> tuple[int, int]:
 # ----------------------------------------------------------------------------- model shape
 
 
-def _per_layer(value, n_layer: int) -> list[int]:
-    if value is None:
-        return [0] * n_layer
-    try:
-        vals = [int(v) for v in value]
-    except TypeError:
-        return [int(value)] * n_layer
-    if len(vals) != n_layer:
-        vals = (vals + [vals[-1] if vals else 0] * n_layer)[:n_layer]
-    return vals
+def _layer_of(tensor_name: str) -> int | None:
+    """The layer of a `blk.N.*` tensor; None for the others."""
+    if not tensor_name.startswith("blk."):
+        return None
+    index = tensor_name.split(".")[1]
+    return int(index) if index.isdigit() else None
 
 
 def _array_len(md, key: str) -> int:
@@ -137,62 +131,33 @@ class ModelShape:
     @classmethod
     def from_gguf(cls, g, file_bytes: int | None = None, source: str = "header"
                   ) -> "ModelShape":
-        md = g.metadata
-        arch = md.get("general.architecture")
-        p = f"{arch}."
-
-        def get(key, default=None):
-            return md[p + key] if p + key in md else default
-
-        n_layer = int(get("block_count", 0) or 0)
-        n_embd = int(get("embedding_length", 0) or 0)
-        heads = _per_layer(get("attention.head_count", 1), n_layer)
-        n_head = max(heads) if heads else 1
-        kv_heads = _per_layer(get("attention.head_count_kv", get("attention.head_count", 1)),
-                              n_layer)
-        head_k = int(get("attention.key_length", n_embd // max(n_head, 1)) or 0)
-        head_v = int(get("attention.value_length", head_k) or 0)
-        ff = _per_layer(get("feed_forward_length", 0), n_layer)
-        tok = g.tensors.get("token_embd.weight")
-        n_vocab = int(tok.shape[0]) if tok is not None else _array_len(md, "tokenizer.ggml.tokens")
-        layer_bytes = [0] * n_layer
+        """The shape from a GGUF header, through the engine's own hyperparameter reader (every
+        value checked: a broken file raises ModelMetadataError, a ValueError). A family the
+        engine does not run is read by the keys all families share."""
+        name = g.metadata.get("general.architecture")
+        if not isinstance(name, str):
+            raise ModelMetadataError(f"general.architecture = {name!r}: expected a string")
+        hp = read_hparams(g, ARCHITECTURES.get(name) or Arch(name, "", name), family=False)
+        layer_bytes = [0] * hp.n_layer
         other = 0
-        for name, t in g.tensors.items():
-            if name.startswith("blk."):
-                try:
-                    il = int(name.split(".")[1])
-                except ValueError:
-                    il = -1
-                if 0 <= il < n_layer:
-                    layer_bytes[il] += t.nbytes
-                    continue
-            other += t.nbytes
-        n_swa = int(get("attention.sliding_window", 0) or 0)
-        swa: tuple[bool, ...] = ()
-        if n_swa > 0:
-            pattern = get("attention.sliding_window_pattern")
-            if pattern is not None and not isinstance(pattern, (int, float)):
-                swa = tuple(bool(b) for b in pattern)[:n_layer]
+        for tname, t in g.tensors.items():
+            il = _layer_of(tname)
+            if il is not None and il < hp.n_layer:
+                layer_bytes[il] += t.nbytes
             else:
-                n = int(pattern) if pattern is not None else {"gemma3": 6, "gemma2": 2,
-                                                               "cohere2": 4}.get(arch, 0)
-                if arch == "gemma2" and pattern is None:
-                    swa = tuple(il % 2 == 0 for il in range(n_layer))
-                elif n:
-                    swa = tuple(il % n < n - 1 for il in range(n_layer))
-            if not swa:
-                n_swa = 0
+                other += t.nbytes
         fsize = file_bytes if file_bytes is not None else getattr(g, "file_size", 0)
-        ctx = get("context_length")
         return cls(
-            architecture=arch, n_layer=n_layer, n_embd=n_embd, n_ff=max(ff) if ff else 0,
-            n_head=n_head, n_head_kv=kv_heads, head_dim_k=head_k, head_dim_v=head_v,
-            n_vocab=n_vocab, n_merges=_array_len(md, "tokenizer.ggml.merges"),
-            n_ctx_train=int(ctx) if ctx is not None else None,
+            architecture=name, n_layer=hp.n_layer, n_embd=hp.n_embd,
+            n_ff=max(hp.n_ff, hp.n_ff_exp * max(1, hp.n_expert_used) + hp.n_ff_shexp),
+            n_head=hp.n_head, n_head_kv=[hp.n_head_kv] * hp.n_layer, head_dim_k=hp.head_dim_k,
+            head_dim_v=hp.head_dim_v, n_vocab=hp.n_vocab,
+            n_merges=_array_len(g.metadata, "tokenizer.ggml.merges"),
+            n_ctx_train=hp.n_ctx_train if f"{name}.context_length" in g.metadata else None,
             n_params=int(sum(t.n_elements for t in g.tensors.values())),
             file_bytes=int(fsize), layer_bytes=layer_bytes, other_bytes=other,
             tensor_types=frozenset(t.type for t in g.tensors.values() if len(t.shape) >= 2),
-            n_swa=n_swa, swa_layers=swa, source=source)
+            n_swa=hp.n_swa if hp.swa_layers else 0, swa_layers=hp.swa_layers, source=source)
 
     @classmethod
     def from_hub_info(cls, summary, file_bytes: int) -> "ModelShape":
@@ -233,10 +198,8 @@ class ModelShape:
         """Whether our engine can run it (architecture and every tensor type); None unknown."""
         if self.approximate:
             return None if self.architecture is None else \
-                (self.architecture in ENGINE_ARCHITECTURES or None)
-        if self.architecture not in ENGINE_ARCHITECTURES:
-            return False
-        return self.tensor_types <= ENGINE_TYPES
+                (self.architecture in ARCHITECTURES or None)
+        return runs_here(self.architecture, self.tensor_types)
 
 
 # ----------------------------------------------------------------------------- the estimate
@@ -568,21 +531,5 @@ def recommend(listing, hw, n_ctx: int = 4096, *, cache_type_k: str = "f16",
 def _mix_types(quant: str | None) -> frozenset[str] | None:
     """The ggml types a llama.cpp mix uses for its matrices (for the kernel count)."""
     from .hub import base_quant
-    q = base_quant(quant)
-    table = {"F32": {"F32"}, "F16": {"F16"}, "BF16": {"BF16"}, "Q8_0": {"Q8_0"},
-             "Q6_K": {"Q6_K"}, "Q5_K_M": {"Q5_K", "Q6_K"}, "Q5_K_S": {"Q5_K", "Q6_K"},
-             "Q5_1": {"Q5_1", "Q6_K"}, "Q5_0": {"Q5_0", "Q6_K"}, "Q4_K_M": {"Q4_K", "Q6_K"},
-             "Q4_K_S": {"Q4_K", "Q6_K"}, "Q4_1": {"Q4_1", "Q6_K"}, "Q4_0": {"Q4_0", "Q6_K"},
-             "IQ4_NL": {"IQ4_NL", "Q6_K"}, "IQ4_XS": {"IQ4_XS", "Q6_K"},
-             "Q3_K_L": {"Q3_K", "Q5_K", "Q6_K"}, "Q3_K_M": {"Q3_K", "Q4_K", "Q6_K"},
-             "Q3_K_S": {"Q3_K", "Q6_K"}, "Q2_K": {"Q2_K", "Q3_K", "Q4_K", "Q6_K"},
-             "Q2_K_S": {"Q2_K", "Q4_K", "Q6_K"}}
-    t = table.get(q or "")
-    return frozenset(t) if t else None
-
-
-def engine_types_current() -> frozenset[str]:
-    """The engine's own list (imports the kernels); tests compare it with ENGINE_TYPES."""
-    from llamatui.inference.matmul import supported_matmul_types
-    return frozenset(supported_matmul_types())
-
+    mix = MIXES_BY_NAME.get(base_quant(quant) or "")
+    return mix.types if mix else None

@@ -299,7 +299,7 @@ _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 def _header_summary(path: pathlib.Path) -> dict:
     """What `ls` shows from a GGUF header: architecture, parameters, quantization, context."""
-    from llamatui.inference.engine import FILE_TYPES
+    from llamatui.inference.catalog import MIXES_BY_FILE_TYPE
     from llamatui.inference.gguf import GGUFFile
     with GGUFFile.open(path) as g:
         md = g.metadata
@@ -309,11 +309,17 @@ def _header_summary(path: pathlib.Path) -> dict:
         return {
             "architecture": arch,
             "parameters": int(sum(t.n_elements for t in g.tensors.values())),
-            "quantization": FILE_TYPES.get(int(ftype)) if ftype is not None else None,
+            "quantization": _mix_of(ftype, MIXES_BY_FILE_TYPE),
             "context_length": int(ctx) if ctx is not None else None,
             "split_count": int(md.get("split.count", 0) or 0),
             "mmproj": arch == "clip" or "clip.has_vision_encoder" in md,
         }
+
+
+def _mix_of(file_type, mixes) -> str | None:
+    """The mix name of a `general.file_type` value; None when absent or not a known mix."""
+    mix = mixes.get(file_type) if type(file_type) is int else None
+    return mix.name if mix else None
 
 
 def _cached_summary(path: pathlib.Path, info: dict) -> dict:

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES, MIX_ALIASES, MIXES, Mix
 from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter, ValueType
 from llamatui.inference.quants import dequantize, get_quant_type
 from llamatui.quantizer.rows import QUANTIZERS, quantize
 
-__all__ = ["FTYPES", "FType", "ModelFacts", "QuantizeError", "QuantizeResult", "TensorPlan",
+__all__ = ["FTYPES", "ModelFacts", "QuantizeError", "QuantizeResult", "TensorPlan",
            "TensorSpec", "EvalResult", "evaluate_against", "llama_order", "parse_ftype",
            "plan_tensor_types", "quantize_model", "select_tensor_types"]
 
@@ -50,52 +50,22 @@ class QuantizeError(ValueError):
 # ----------------------------------------------------------------------------- file types
 
 
-@dataclass(frozen=True)
-class FType:
-    """A llama_ftype: the name llama-quantize takes, its enum value (general.file_type), and
-    the ggml type most tensors get."""
-    name: str
-    id: int
-    default_type: str
+# The mixes this quantizer writes, from the catalog (which also names the rest).
+FTYPES: dict[str, Mix] = {m.name: m for m in MIXES if m.quantizable}
 
 
-FTYPES: dict[str, FType] = {f.name: f for f in (
-    FType("F32", 0, "F32"),
-    FType("F16", 1, "F16"),
-    FType("Q4_0", 2, "Q4_0"),
-    FType("Q4_1", 3, "Q4_1"),
-    FType("Q8_0", 7, "Q8_0"),
-    FType("Q5_0", 8, "Q5_0"),
-    FType("Q5_1", 9, "Q5_1"),
-    FType("Q2_K", 10, "Q2_K"),
-    FType("Q3_K_S", 11, "Q3_K"),
-    FType("Q3_K_M", 12, "Q3_K"),
-    FType("Q3_K_L", 13, "Q3_K"),
-    FType("Q4_K_S", 14, "Q4_K"),
-    FType("Q4_K_M", 15, "Q4_K"),
-    FType("Q5_K_S", 16, "Q5_K"),
-    FType("Q5_K_M", 17, "Q5_K"),
-    FType("Q6_K", 18, "Q6_K"),
-    FType("Q2_K_S", 21, "Q2_K"),
-    FType("IQ4_NL", 25, "IQ4_NL"),
-    FType("IQ4_XS", 30, "IQ4_XS"),
-    FType("BF16", 32, "BF16"),
-)}
-_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}  # as llama-quantize accepts
-
-
-def parse_ftype(name) -> FType:
-    """An FType from its name (any case, llama-quantize's aliases Q3_K/Q4_K/Q5_K) or its
-    llama_ftype number."""
-    if isinstance(name, FType):
-        return name
+def parse_ftype(name) -> Mix:
+    """A mix this quantizer writes, from its name (any case, llama-quantize's aliases
+    Q3_K/Q4_K/Q5_K) or its llama_ftype number."""
+    if isinstance(name, Mix):
+        name = name.name
     key = str(name).strip().upper()
-    key = _ALIASES.get(key, key)
+    key = MIX_ALIASES.get(key, key)
     if key in FTYPES:
         return FTYPES[key]
     if key.isdigit():
         for f in FTYPES.values():
-            if f.id == int(key):
+            if f.file_type == int(key):
                 return f
     raise QuantizeError(f"unknown quantization type {name!r}; choose one of "
                         f"{', '.join(FTYPES)}")
@@ -260,7 +230,7 @@ _FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS"
 class _State:
     """quantize_state_impl's counters."""
     facts: ModelFacts
-    ftype: FType
+    ftype: Mix
     has_imatrix: bool
     tied_embeddings: bool
     n_attention_wv: int
@@ -452,7 +422,7 @@ def tensor_specs(gguf: GGUFFile) -> list[TensorSpec]:
 
 @dataclass
 class QuantizeResult:
-    ftype: FType
+    ftype: Mix
     plans: list[TensorPlan]
     n_elements: int  # all tensors
     src_tensor_bytes: int
@@ -487,7 +457,7 @@ def _tensor_bytes(p: TensorPlan, type_name: str) -> int:
     return n // g.block_size * g.type_size
 
 
-def _requires_imatrix(p: TensorPlan, ftype: FType) -> bool:
+def _requires_imatrix(p: TensorPlan, ftype: Mix) -> bool:
     """tensor_requires_imatrix, for the types llamatui offers: Q2_K tensors of a Q2_K_S file."""
     if p.name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
@@ -533,7 +503,7 @@ def quantize_model(src, dst, ftype, *, imatrix=None, allow_requantize: bool = Fa
         w.add_metadata(gguf.metadata, skip=_SPLIT_KEYS + ("general.quantization_version",
                                                           "general.file_type"))
         w.add("general.quantization_version", QUANTIZATION_VERSION, GGUFValueType.UINT32)
-        w.add("general.file_type", ft.id, GGUFValueType.UINT32)
+        w.add("general.file_type", ft.file_type, GGUFValueType.UINT32)
         for key, (vtype, value) in imx_meta.items():
             w.metadata.pop(key, None)
             w.add(key, value, vtype)
@@ -562,7 +532,7 @@ def quantize_model(src, dst, ftype, *, imatrix=None, allow_requantize: bool = Fa
         imatrix_used=sorted(weights))
 
 
-def _check_plans(plans: Sequence[TensorPlan], ft: FType, imx: Mapping | None,
+def _check_plans(plans: Sequence[TensorPlan], ft: Mix, imx: Mapping | None,
                  allow_requantize: bool) -> dict[str, np.ndarray]:
     """Everything that can fail is checked before any byte is written. Returns the importance
     weights per tensor that will use them."""

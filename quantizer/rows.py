@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES
 from llamatui.quantizer import iquants, kquants, legacy
 from llamatui.quantizer.floats import fp32_to_bf16_bits, fp32_to_fp16_bits
 

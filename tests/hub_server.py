@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, quote, unquote, urlparse
 import numpy as np
 import pytest
 
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFValueType, GGUFWriter, ValueType
 
 

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.quants import (
     SUPPORTED_TYPES, UnsupportedTypeError, dequantize, dequantize_rows, get_quant_type)

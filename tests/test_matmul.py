@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import llamatui.inference.matmul as mm
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.matmul_simd import HAS_AVX512_BF16
 

@@ -10,7 +10,7 @@ from llamatui.inference.engine import Engine
 from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter
 from llamatui.quantizer import model as qmodel
 from llamatui.quantizer.imatrix import Imatrix, ImatrixEntry
-from llamatui.quantizer.model import (FTYPES, ModelFacts, QuantizeError, TensorSpec,
+from llamatui.quantizer.model import (ModelFacts, QuantizeError, TensorSpec,
                                       evaluate_against, parse_ftype, quantize_model,
                                       select_tensor_types)
 
@@ -97,8 +97,6 @@ def test_ftype_names():
     assert parse_ftype("q4_k").name == "Q4_K_M" and parse_ftype("15").name == "Q4_K_M"
     with pytest.raises(QuantizeError, match="unknown quantization type 'Q4_X'.*Q4_K_M"):
         parse_ftype("Q4_X")
-    from llamatui.app.cmd_quantize import TYPE_NAMES
-    assert sorted(TYPE_NAMES) == sorted(FTYPES)
 
 
 # ----------------------------------------------------------------------------- real models

@@ -7,7 +7,7 @@ bytes ggml_quantize_chunk wrote for each type without (`T`) and with (`T_imatrix
 import numpy as np
 import pytest
 
-from llamatui.inference.ggml_types import GGML_TYPES
+from llamatui.inference.catalog import GGML_TYPES
 from llamatui.quantizer import QUANTIZERS, quantize
 from llamatui.quantizer import rows as rows_module
 

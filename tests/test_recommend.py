@@ -10,8 +10,8 @@ from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
 from llamatui.models import hub
-from llamatui.models.recommend import (ENGINE_TYPES, GPU_RESERVE_BYTES, RAM_USABLE_FRACTION,
-                                       ModelShape, assess, engine_types_current, estimate,
+from llamatui.models.recommend import (GPU_RESERVE_BYTES, RAM_USABLE_FRACTION,
+                                       ModelShape, assess, estimate,
                                        estimate_file, estimate_hub_info, estimate_remote,
                                        recommend)
 
@@ -73,8 +73,10 @@ def test_real_models_shapes(smollm2_path, gemma3_path):
     assert g.kv_bytes_llama_cpp == (15 * 1024 + 3 * 2048) * 512 * 2
 
 
-def test_engine_types_are_current():
-    assert ENGINE_TYPES == engine_types_current()
+def test_catalog_engine_types_are_what_the_kernels_compute():
+    from llamatui.inference.catalog import ENGINE_TYPES
+    from llamatui.inference.matmul import supported_matmul_types
+    assert ENGINE_TYPES == frozenset(supported_matmul_types())
 
 
 def test_remote_header_gives_the_same_estimate(hub_server, smollm2_path, gemma3_path):

@@ -8,7 +8,7 @@ Every type of `GGML_TYPES` that has no dequantizer here raises `UnsupportedTypeE
 """
 import numpy as np
 
-from ..ggml_types import GGML_TYPES
+from ..catalog import GGML_TYPES
 from .base import QuantType
 from .floats import BF16, F16, F32
 from .iquants import IQ4_NL, IQ4_XS

@@ -14,7 +14,7 @@ multiply-adds.
 import numba
 import numpy as np
 
-from ..ggml_types import GGML_TYPES
+from ..catalog import GGML_TYPES
 
 # Below this many elements a kernel runs on the calling thread alone: waking the pool's other
 # threads costs more than they save, and on a busy machine a descheduled worker can stall a

@@ -1,0 +1,294 @@
+"""What every model family shares, so that a family's file holds only what makes it different.
+
+- `Architecture`: the interface a family implements (hyperparameter hook, weights, forward).
+- `WeightLoader`: takes each tensor a family names from the file, checked against the
+  hyperparameters (present, right number of dimensions, right shape, a type the kernels
+  compute) before anything is allocated, and hands it to the backend of its layer.
+- `Transformer`: the decoder block most families share — llama.cpp's `llm_build_llama` shape
+  (src/models/llama.cpp): pre-norm attention and a gated FFN, each added to the residual stream —
+  with the optional pieces other families add when their file has them: Q/K/V/O biases (Qwen 2),
+  per-head or whole-vector Q/K RMS norms (Qwen 3, Gemma 3, OLMo 2), post-attention and post-FFN
+  norms (Gemma 2/3, OLMo 2), Llama 3.1's `rope_freqs`, tied output, final logit soft-capping.
+  A family subclasses it and overrides the hooks (`read_hparams`, `load_layer`, `embed`,
+  `project_qkv`, `ffn`, `head`, ...).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..catalog import ENGINE_TYPES
+from ..hparams import HParams, Meta, ModelMetadataError
+
+__all__ = ["Architecture", "Transformer", "Weights", "WeightLoader"]
+
+
+class Architecture(ABC):
+    """One model family: its own hyperparameters, its weights, its forward pass."""
+
+    name = ""
+
+    def read_hparams(self, meta: Meta, hp: HParams) -> None:
+        """Reads the family's own metadata into `hp` (hp.extra for values only it uses) and
+        checks what it cannot run; the shared keys are already read."""
+
+    @abstractmethod
+    def load_weights(self, loader: "WeightLoader", hp: HParams):
+        """The weights, each checked and prepared by the backend of its layer."""
+
+    @abstractmethod
+    def forward(self, ctx, weights) -> np.ndarray:
+        """Logits (or embeddings) float32 (len(ctx.out_rows), n) for the micro-batch."""
+
+
+# ----------------------------------------------------------------------------- loading weights
+
+
+class WeightLoader:
+    """Hands out a model's tensors by name, each checked first: present (unless optional), the
+    number of dimensions and the shape the hyperparameters imply, a type the kernels compute.
+    Errors are ModelMetadataError naming the tensor, what it is and what was expected."""
+
+    def __init__(self, gguf, model):
+        self.gguf = gguf
+        self.model = model
+
+    def _tensor(self, name: str, shape: tuple[int, ...], optional: bool):
+        t = self.gguf.tensors.get(name)
+        if t is None:
+            if optional:
+                return None
+            raise ModelMetadataError(f"the model lacks tensor {name!r}")
+        if tuple(t.shape) != shape:
+            raise ModelMetadataError(f"tensor {name!r} has shape {tuple(t.shape)}: expected "
+                                     f"{shape} from the hyperparameters")
+        return t
+
+    def matrix(self, name: str, n_out: int, n_in: int, il: int = -1, optional: bool = False):
+        """A weight matrix (n_out rows of n_in) for the backend of layer `il` (-1: the input
+        embedding, n_layer: the output head)."""
+        t = self._tensor(name, (n_out, n_in), optional)
+        if t is None:
+            return None
+        if t.type not in ENGINE_TYPES:
+            raise ModelMetadataError(
+                f"tensor {name!r} has type {t.type}, which this engine cannot compute "
+                f"(it computes {', '.join(sorted(ENGINE_TYPES))})")
+        return self.model.backend_for(il).weight(t)
+
+    def vector(self, name: str, n: int, il: int = -1, optional: bool = False):
+        """A 1-D tensor of n values (a norm's weight, a bias) as the backend of layer `il` keeps
+        it."""
+        t = self._host_vector(name, n, optional)
+        return None if t is None else self.model.backend_for(il).vector(t)
+
+    def host_vector(self, name: str, n: int, optional: bool = False) -> np.ndarray | None:
+        """A 1-D tensor as a float32 numpy array (for tables computed on the host)."""
+        t = self._host_vector(name, n, optional)
+        return None if t is None else \
+            np.ascontiguousarray(t.dequantize(), dtype=np.float32).reshape(-1)
+
+    def _host_vector(self, name, n, optional):
+        t = self._tensor(name, (n,), optional)
+        if t is not None and t.type not in ("F32", "F16", "BF16"):
+            raise ModelMetadataError(f"tensor {name!r} has type {t.type}: expected F32, F16 or "
+                                     f"BF16 for a vector")
+        return t
+
+    def layer(self, il: int) -> "LayerTensors":
+        return LayerTensors(self, il)
+
+
+class LayerTensors:
+    """The tensors `blk.{il}.*` of one layer, for its backend: names are given without the
+    `blk.{il}.` prefix."""
+
+    def __init__(self, loader: WeightLoader, il: int):
+        self.loader, self.il = loader, il
+
+    def matrix(self, name: str, n_out: int, n_in: int, optional: bool = False):
+        return self.loader.matrix(f"blk.{self.il}.{name}", n_out, n_in, self.il, optional)
+
+    def vector(self, name: str, n: int, optional: bool = False):
+        return self.loader.vector(f"blk.{self.il}.{name}", n, self.il, optional)
+
+
+@dataclass
+class Weights:
+    tok_embd: object
+    output_norm: object
+    output: object
+    layers: list
+    extra: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- the decoder block
+
+
+class Transformer(Architecture):
+    """llama.cpp's common decoder: x = embed(tokens); per layer
+        x = x + post_attn_norm(wo · attention(rope(q), rope(k), v))     (q, k, v from attn_norm(x))
+        x = x + post_ffw_norm(ffn(ffn_norm(x)))
+    and logits = output · output_norm(x); the norms a file lacks are skipped."""
+
+    ffn_activation = "silu"  # the gated FFN's activation: "silu" (SwiGLU) or "gelu" (GeGLU)
+    scale_q_first = False  # scale Q by kq_scale before attention (Gemma's ggml_scale of Qcur)
+    rope_scalings = ("none", "linear")  # the RoPE scaling types this family's forward honours
+    # the optional tensors of the shared block (names under blk.N.) that this family requires
+    required = frozenset(("attn_norm.weight", "ffn_norm.weight"))
+
+    # ------------------------------------------------------------------ hyperparameters
+
+    def read_hparams(self, meta: Meta, hp: HParams) -> None:
+        if hp.rope_scaling not in self.rope_scalings:
+            raise ModelMetadataError(
+                f"{meta.key('rope.scaling.type')} = {hp.rope_scaling!r} is not supported for "
+                f"{self.name} (supported: {', '.join(self.rope_scalings)})")
+        if hp.n_ff <= 0 and not hp.n_expert:
+            raise ModelMetadataError(f"GGUF metadata lacks {meta.key('feed_forward_length')}")
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, loader: WeightLoader, hp: HParams) -> Weights:
+        hp.rope_freq_factors = loader.host_vector("rope_freqs.weight", hp.n_rot // 2,
+                                                  optional=True)
+        layers = [self.load_layer(loader.layer(il), hp) for il in range(hp.n_layer)]
+        return Weights(tok_embd=loader.matrix("token_embd.weight", hp.n_vocab, hp.n_embd, -1),
+                       layers=layers, **self.load_head(loader, hp))
+
+    def load_layer(self, t: LayerTensors, hp: HParams) -> SimpleNamespace:
+        """One layer's tensors; a family overrides to add or replace some."""
+        q_out, kv_out = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
+        v_out, att_out = hp.n_head_kv * hp.head_dim_v, hp.n_head * hp.head_dim_v
+        e = hp.n_embd
+
+        def opt(name, n):
+            return t.vector(name, n, optional=name not in self.required)
+
+        return SimpleNamespace(
+            attn_norm=opt("attn_norm.weight", e),
+            wq=t.matrix("attn_q.weight", q_out, e),
+            wk=t.matrix("attn_k.weight", kv_out, e),
+            wv=t.matrix("attn_v.weight", v_out, e),
+            wo=t.matrix("attn_output.weight", e, att_out),
+            bq=opt("attn_q.bias", q_out),
+            bk=opt("attn_k.bias", kv_out),
+            bv=opt("attn_v.bias", v_out),
+            bo=opt("attn_output.bias", e),
+            q_norm=self._qk_norm(t, "attn_q_norm.weight", hp.head_dim_k, q_out),
+            k_norm=self._qk_norm(t, "attn_k_norm.weight", hp.head_dim_k, kv_out),
+            post_attn_norm=opt("post_attention_norm.weight", e),
+            ffn_norm=opt("ffn_norm.weight", e),
+            **self.load_ffn(t, hp),
+            post_ffw_norm=opt("post_ffw_norm.weight", e),
+        )
+
+    def load_ffn(self, t: LayerTensors, hp: HParams) -> dict:
+        e, f = hp.n_embd, hp.n_ff
+        return dict(w_gate=t.matrix("ffn_gate.weight", f, e), w_up=t.matrix("ffn_up.weight", f, e),
+                    w_down=t.matrix("ffn_down.weight", e, f))
+
+    def _qk_norm(self, t: LayerTensors, name: str, per_head: int, whole: int):
+        """A Q/K RMS norm weight: per head (Qwen 3, Gemma) or over the whole projection
+        (OLMo 2); None when the file has none."""
+        tensor = t.loader.gguf.tensors.get(f"blk.{t.il}.{name}")
+        size = whole if tensor is not None and tuple(tensor.shape) == (whole,) else per_head
+        return t.vector(name, size, optional=name not in self.required)
+
+    def load_head(self, loader: WeightLoader, hp: HParams) -> dict:
+        """The final norm and the output matrix (token_embd when the file ties them)."""
+        head = hp.n_layer
+        output = loader.matrix("output.weight", hp.n_vocab, hp.n_embd, head, optional=True)
+        if output is None:  # tied embeddings
+            output = loader.matrix("token_embd.weight", hp.n_vocab, hp.n_embd, head)
+        return dict(output_norm=loader.vector("output_norm.weight", hp.n_embd, head),
+                    output=output)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, ctx, w: Weights) -> np.ndarray:
+        x = self.embed(ctx, w)
+        for il, layer in enumerate(w.layers):
+            x = self.block(ctx, il, layer, ctx.backend(il).take(x))
+            if x is None:  # no row wants logits
+                return np.empty((0, ctx.hp.n_vocab), np.float32)
+        return self.head(ctx, w, x)
+
+    def embed(self, ctx, w: Weights):
+        return ctx.backend(-1).get_rows(w.tok_embd, ctx.tokens)
+
+    def block(self, ctx, il: int, L, x):
+        hp, be = ctx.hp, ctx.backend(il)
+        h = self.norm(be, x, L.attn_norm, hp)
+        a = self.attention(ctx, il, L, h)
+        rows = ctx.keep_rows(il)
+        if rows is not None:  # the last layer: only the rows that want logits go on
+            if rows.size == 0:
+                return None
+            a, x = a[rows], x[rows]
+        a = self.norm(be, _linear(be, L.wo, a, L.bo), L.post_attn_norm, hp)
+        x = be.add(x, a)
+        f = self.ffn(ctx, il, L, self.norm(be, x, L.ffn_norm, hp))
+        return be.add(x, self.norm(be, f, L.post_ffw_norm, hp))
+
+    @staticmethod
+    def norm(be, x, weight, hp: HParams):
+        return x if weight is None else be.rms_norm(x, weight, hp.rms_eps)
+
+    def attention(self, ctx, il: int, L, h):
+        """Q, K, V of the layer's input, rotated, attended over the cache: (n, n_head·d_v)."""
+        hp, be = ctx.hp, ctx.backend(il)
+        q, k, v = self.project_qkv(ctx, il, L, h)
+        if self.uses_rope(hp, il):
+            rope = hp.layer_rope(il)
+            q = be.rope(q, ctx.positions, rope)
+            k = be.rope(k, ctx.positions, rope)
+        if self.scale_q_first:
+            return ctx.attend(il, be.scale(q, hp.kq_scale), k, v, 1.0)
+        return ctx.attend(il, q, k, v, hp.kq_scale)
+
+    def uses_rope(self, hp: HParams, il: int) -> bool:
+        return True
+
+    def project_qkv(self, ctx, il: int, L, h):
+        """(q, k, v) as (n, heads, head_dim), biases added and Q/K norms applied."""
+        hp, be, n = ctx.hp, ctx.backend(il), ctx.n_tokens
+        q = self._qk(be, _linear(be, L.wq, h, L.bq), L.q_norm, n, hp.n_head, hp)
+        k = self._qk(be, _linear(be, L.wk, h, L.bk), L.k_norm, n, hp.n_head_kv, hp)
+        v = _linear(be, L.wv, h, L.bv).reshape(n, hp.n_head_kv, hp.head_dim_v)
+        return q, k, v
+
+    @staticmethod
+    def _qk(be, x, norm, n: int, n_head: int, hp: HParams):
+        if norm is not None and norm.shape[0] != hp.head_dim_k:  # over the whole projection
+            x = be.rms_norm(x, norm, hp.rms_eps)
+            norm = None
+        x = x.reshape(n, n_head, hp.head_dim_k)
+        return x if norm is None else be.rms_norm(x, norm, hp.rms_eps)
+
+    def ffn(self, ctx, il: int, L, h):
+        """The gated FFN: down(act(gate · h) * (up · h))."""
+        be = ctx.backend(il)
+        gate, up = be.matmul(L.w_gate, h), be.matmul(L.w_up, h)
+        act = be.swiglu(gate, up) if self.ffn_activation == "silu" else be.geglu(gate, up)
+        return be.matmul(L.w_down, act)
+
+    def head(self, ctx, w: Weights, x) -> np.ndarray:
+        """Logits of the output rows: output · output_norm(x), soft-capped when the model says."""
+        hp = ctx.hp
+        be = ctx.backend(hp.n_layer)
+        x = be.rms_norm(be.take(x), w.output_norm, hp.rms_eps)
+        logits = be.to_host(be.matmul(w.output, x))
+        if hp.final_logit_softcap:
+            c = np.float32(hp.final_logit_softcap)
+            logits = np.tanh(logits / c) * c
+        return logits
+
+
+def _linear(be, weight, x, bias):
+    y = be.matmul(weight, x)
+    return y if bias is None else be.add(y, bias)
+

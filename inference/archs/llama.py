@@ -1,0 +1,25 @@
+"""`llama`: Llama 1/2/3, Mistral, TinyLlama, SmolLM2 (llama.cpp's src/models/llama.cpp).
+
+    x = token_embd[tokens]
+    per layer:  h = x + wo · attn(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+                x = h + down(silu(gate · norm(h)) * (up · norm(h)))
+    logits = output · norm(x)          (output tied to token_embd when output.weight is absent)
+
+The shared decoder block as it is (archs/base.py): RoPE NORM (consecutive pairs: the converter
+permuted Q/K rows into that order), attention scale 1/sqrt(head_dim), linear RoPE scaling and
+Llama 3.1's rope_freqs, Q/K/V/O biases when the file has them.
+"""
+from ..hparams import ModelMetadataError
+from .base import Transformer
+
+
+class Llama(Transformer):
+    name = "llama"
+
+    def read_hparams(self, meta, hp):
+        super().read_hparams(meta, hp)
+        if hp.n_expert:
+            raise ModelMetadataError("mixture-of-experts llama models (Mixtral) are not supported")
+
+
+ARCH = Llama()

@@ -1,0 +1,55 @@
+"""Memory a model needs beyond its mmap'd weights, checked against what the machine has before
+the one big allocation (the KV cache) is made, so that `-c 10000000` is a clear refusal with
+the largest context that fits instead of a MemoryError (or a swap storm) later.
+
+The KV cache's size is exact (`kv_cache_bytes`, the same formula the recommender's estimate uses);
+the compute buffers are bounded by the micro-batch (`n_ubatch` tokens), so a margin covers them.
+"""
+from __future__ import annotations
+
+import os
+
+CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+# what a forward pass allocates besides the cache at the default micro-batch (activations, scores,
+# dequantized tiles, logits): measured well under this for the models we run (bench_memory.py)
+COMPUTE_MARGIN_BYTES = 512 << 20
+USABLE_FRACTION = 0.9  # of the memory the OS reports available
+
+
+class InsufficientMemoryError(ValueError):
+    """The model's KV cache and buffers need more memory than the machine has available (a
+    ValueError: the context asked for is too large for this machine)."""
+
+
+def kv_bytes_per_cell(n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
+                      type_k: str = "f16", type_v: str = "f16") -> float:
+    """Bytes one cell (one token's K and V on every layer) takes in the cache."""
+    return n_layer * n_head_kv * (head_dim_k * CACHE_BYTES_PER_VALUE[type_k]
+                                  + head_dim_v * CACHE_BYTES_PER_VALUE[type_v])
+
+
+def available_bytes() -> int:
+    """Memory the OS says a new allocation can take without swapping (psutil's "available";
+    LLAMATUI_AVAILABLE_MEMORY overrides it, for tests)."""
+    override = os.environ.get("LLAMATUI_AVAILABLE_MEMORY")
+    if override:
+        return int(override)
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
+def check_kv_fits(n_ctx: int, per_cell: float, weights_bytes: int = 0) -> None:
+    """Raises InsufficientMemoryError when a cache of `n_ctx` cells, the compute buffers and the
+    weights' pages do not fit in the usable part of the available memory."""
+    usable = int(available_bytes() * USABLE_FRACTION)
+    need = int(n_ctx * per_cell) + COMPUTE_MARGIN_BYTES + weights_bytes
+    if need <= usable:
+        return
+    room = usable - COMPUTE_MARGIN_BYTES - weights_bytes
+    largest = int(room // per_cell) // 256 * 256 if per_cell > 0 and room > 0 else 0
+    hint = (f"the largest context that fits is -c {largest}" if largest >= 256 else
+            "not even a 256-token context fits")
+    raise InsufficientMemoryError(
+        f"a context of {n_ctx} tokens needs {need / 2**30:.1f} GiB ({n_ctx * per_cell / 2**30:.1f}"
+        f" GiB of KV cache, {weights_bytes / 2**30:.1f} GiB of weights, buffers) but "
+        f"{usable / 2**30:.1f} GiB is available; {hint}")
