@@ -589,6 +589,7 @@ class PartialWrite:
 
 
 def _process_exists(pid: int) -> bool:
+    """POSIX only (on Windows os.kill would end the process)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -617,7 +618,7 @@ def _abandoned(path: str, pid: int | None, mtime: float) -> bool:
     age = time.time() - mtime
     if pid is None:
         return age > OLD_ABANDONED_AFTER
-    if fcntl is None or os.name != "posix":
+    if fcntl is None:
         return age > ABANDONED_AFTER
     if _locked_by_writer(path):
         return False

@@ -29,9 +29,13 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import platformdirs
 from filelock import FileLock, Timeout
+
+if TYPE_CHECKING:  # the engine's modules load numba: imported where used
+    from llamatui.inference.gguf import PartialWrite
 
 # progress(stage, done, total): stage is a short human label, done/total in bytes (total 0 = unknown)
 Progress = Callable[[str, int, int], None]
@@ -466,7 +470,7 @@ def _store_folders(store: pathlib.Path):
         yield pathlib.Path(root)
 
 
-def list_incomplete(store: pathlib.Path | None = None) -> list:
+def list_incomplete(store: pathlib.Path | None = None) -> list[PartialWrite]:
     """Files being written into the store (a quantization in progress: inference.gguf's
     PartialWrite, with its size), and those left by a run that was killed (`abandoned`; the
     next write to the store removes them)."""
