@@ -1,5 +1,7 @@
 """Downloads from the stand-in Hub: progress, cancel and resume by another process, verification,
-errors, disk space; then the store's listing, resolving and deleting, and the CLI around them."""
+errors, disk space; then the store's listing, resolving and deleting, and the CLI around them;
+then what must not be left behind: stalled or closing servers, leftovers of killed runs, damaged
+partials, a read-only store."""
 import builtins
 import errno
 import hashlib
@@ -311,7 +313,7 @@ def test_pull_command(hubsrv, tmp_path, capsys):
     assert "neither a starter model" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- leaving nothing behind
+# ------------------------------------------------------------------------- leaving nothing behind
 
 
 def _cdn_gets(server, since=0):
