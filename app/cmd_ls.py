@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 from rich.console import Console
 from rich.table import Table
 
-from llamatui.models.store import disk_usage, list_models, list_partials, store_dir
+from llamatui.models.store import (disk_usage, list_incomplete, list_models, list_partials,
+                                   store_dir)
 
 
 def add_arguments(p):
@@ -44,13 +46,18 @@ def run(args):
     models = list_models(store)
     usage = disk_usage(store)
     partials = list_partials(store)
+    incomplete = list_incomplete(store)
     if args.json:
         print(json.dumps({"store": str(store), "models": [m.as_dict() for m in models],
                           "partial_downloads": [
                               {"path": str(p.path), "repo": p.repo, "file": p.file,
                                "done": p.done, "total": p.total} for p in partials],
+                          "incomplete": [
+                              {"path": p.path, "target": p.target, "size": p.size,
+                               "pid": p.pid, "abandoned": p.abandoned} for p in incomplete],
                           "disk": {"models_bytes": usage.models_bytes,
                                    "partial_bytes": usage.partial_bytes,
+                                   "incomplete_bytes": usage.incomplete_bytes,
                                    "free_bytes": usage.free_bytes}}, indent=1))
         return 0
     console = Console()
@@ -76,6 +83,13 @@ def run(args):
         pct = f" {100 * p.done / p.total:.0f}%" if p.total else ""
         console.print(f"[yellow]partial download[/] {p.repo}/{p.file}: "
                       f"{human_bytes(p.done)}{pct} (pull it again to continue)")
-    console.print(f"{len(models)} models, {human_bytes(usage.models_bytes)} used, "
-                  f"{human_bytes(usage.free_bytes)} free")
+    for p in incomplete:
+        name = os.path.relpath(p.target or p.path, store)
+        state = ("left by an interrupted run; the next pull or quantize removes it"
+                 if p.abandoned else f"being written by process {p.pid}")
+        console.print(f"[yellow]incomplete[/] {name}: {human_bytes(p.size)} ({state})")
+    unfinished = usage.partial_bytes + usage.incomplete_bytes
+    console.print(f"{len(models)} models, {human_bytes(usage.models_bytes)} used"
+                  + (f" (+{human_bytes(unfinished)} unfinished)" if unfinished else "")
+                  + f", {human_bytes(usage.free_bytes)} free")
     return 0

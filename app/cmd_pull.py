@@ -24,9 +24,12 @@ def run(args):
     if args.name in STARTER_MODELS and (args.quantize is not None or args.keep_f16):
         raise ValueError("--quantize and --keep-f16 are for Hub models (owner/repo)")
     if args.name in STARTER_MODELS:
+        present = (store_dir() / STARTER_MODELS[args.name].filename).is_file()
         quiet = not sys.stderr.isatty()
         with byte_progress() as report:
             path = pull_starter(args.name, store=store_dir(), progress=report, quiet=quiet)
+        if present:
+            print(f"{args.name} is already in the store", file=sys.stderr)
         print(path)
         return 0
     from llamatui.models.download import DownloadCancelled, pull, stage_progress
@@ -52,6 +55,8 @@ def run(args):
         return 130
     if result.listing is None:
         print("(offline: the model is already in the store)", file=sys.stderr)
+    elif result.already_present:
+        print(f"{args.name} is already in the store", file=sys.stderr)
     for path in result.files + result.mmproj:
         print(path)
     return 0

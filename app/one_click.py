@@ -11,10 +11,11 @@ models.download (resumable); quantize it with quantizer.model.quantize_model bes
 as `<stem>-<TYPE>.gguf` with a sidecar recording its origin; delete the source unless asked to
 keep it.
 
-Nothing half-written ever carries the final name: quantize_model writes a hidden temporary file
-and renames it when complete, and the sidecar is written after it. Cancelling (or any failure)
-leaves no output; a downloaded source stays so that a second try skips the download (a partial
-download stays too, and is continued).
+Nothing half-written ever carries the final name: quantize_model writes a hidden partial file
+and renames it when complete, and the sidecar is written after it; a partial file left by a
+killed run is removed by the next pull or quantization into the store. Cancelling (or any
+failure) leaves no output; a downloaded source stays so that a second try skips the download (a
+partial download stays too, and is continued).
 
 This lives in app/ because it needs both models (Hub, store, recommendation) and quantizer.
 """
@@ -33,7 +34,7 @@ from llamatui.models import hub
 from llamatui.models.download import DownloadCancelled, pull, stage_progress
 from llamatui.models.recommend import Fit, ModelShape, assess, estimate
 from llamatui.models.store import (StoreError, _write_sidecar, acquire_lock, free_bytes, hub_target,
-                                   read_sidecar, sidecar_path, store_dir)
+                                   read_sidecar, sidecar_path, store_dir, writing_to)
 
 __all__ = ["AUTO_CANDIDATES", "SOURCE_TYPES", "OneClickResult", "QuantizeCancelled",
            "choose_target", "fetch_and_quantize", "output_name"]
@@ -199,7 +200,7 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
     each tensor). Cancelling raises DownloadCancelled (partial download kept) or
     QuantizeCancelled (no output; the source kept)."""
     from llamatui.inference.gguf import GGUFFile
-    from llamatui.quantizer.model import parse_ftype, quantize_model
+    from llamatui.quantizer.model import parse_ftype
 
     t0 = time.perf_counter()
     report = _report(progress)
@@ -268,6 +269,23 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
                   store=store, progress=stage_progress(report), cancel=cancel)
     src_path = pulled.path
 
+    with writing_to(store, f"quantize {src_file.name} to {quant}"):
+        qr = _quantize_locked(src_path, out, quant, origin, choice, report, cancel)
+        kept: pathlib.Path | None = src_path
+        if not keep_source:
+            for f in pulled.files:
+                f.unlink(missing_ok=True)
+                sidecar_path(f).unlink(missing_ok=True)
+                f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
+            kept = None
+    return result(qr, kept)
+
+
+def _quantize_locked(src_path: pathlib.Path, out: pathlib.Path, quant: str, origin: dict,
+                     choice: Choice, report: Progress, cancel: threading.Event | None):
+    """Quantizes `src_path` into `out` under `out`'s lock, then writes its sidecar; on any
+    failure nothing is left under `out`'s name."""
+    from llamatui.quantizer.model import quantize_model
     lock = acquire_lock(out, f"{out.name} is being made by another process")
     try:
         stage = f"Quantizing to {quant}"
@@ -275,13 +293,13 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
 
         def on_tensor(i, n, plan):
             if cancel is not None and cancel.is_set():
-                raise QuantizeCancelled(f"quantizing {src_file.name} to {quant} was cancelled "
+                raise QuantizeCancelled(f"quantizing {src_path.name} to {quant} was cancelled "
                                         f"at tensor {i} of {n}; nothing was written")
 
         qr = quantize_model(src_path, out, quant, progress=lambda d, t: report(stage, d, t),
                             on_tensor=on_tensor)
         _write_sidecar(out, {
-            "source": "quantized", "repo": ref.repo, "quant": quant,
+            "source": "quantized", "repo": origin["repo"], "quant": quant,
             "quantized_from": origin, "quantized_at": time.time(),
             "reason": choice.reason, "size": qr.file_size})
     except BaseException:
@@ -291,15 +309,7 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
     finally:
         lock.release()
         out.with_name(f".{out.name}.lock").unlink(missing_ok=True)
-
-    kept: pathlib.Path | None = src_path
-    if not keep_source:
-        for f in pulled.files:
-            f.unlink(missing_ok=True)
-            sidecar_path(f).unlink(missing_ok=True)
-            f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
-        kept = None
-    return result(qr, kept)
+    return qr
 
 
 __all__ += ["Choice", "DownloadCancelled"]

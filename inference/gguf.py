@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 import tempfile
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,6 +22,11 @@ import numba
 import numpy as np
 
 from .catalog import GGML_TYPES, GGML_TYPES_BY_ID, GGMLType
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; partials are judged by age
+    fcntl = None
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -557,9 +564,110 @@ class _TensorToWrite:
     nbytes: int
 
 
+# ----------------------------------------------------------------------------- partial files
+#
+# GGUFWriter assembles a file as `.<name>.partial-<pid>-<random>` beside it and holds an
+# exclusive flock on it while writing. A writer killed with -9 loses the lock, so the next
+# writer in that folder (or the model store, which lists these) can tell its leftover from a
+# file still being written, and remove it.
+
+_PARTIAL_WRITE = re.compile(r"^\.(?P<target>.+)\.partial-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+_OLD_PARTIAL_WRITE = re.compile(r"^\.partial-[A-Za-z0-9_]+\.gguf$")  # before pids and locks
+# Without a lock to ask: a partial untouched this long has no writer (one writes continuously).
+ABANDONED_AFTER = 60.0
+OLD_ABANDONED_AFTER = 3600.0
+
+
+@dataclass(frozen=True)
+class PartialWrite:
+    """A file GGUFWriter is writing, or a leftover of one that died (`abandoned`)."""
+    path: str
+    target: str | None  # the file it becomes (None for the older unnamed partials)
+    pid: int | None
+    size: int
+    abandoned: bool
+
+
+def _process_exists(pid: int) -> bool:
+    """POSIX only (on Windows os.kill would end the process)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _locked_by_writer(path: str) -> bool:
+    """Whether a live writer holds the partial's flock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: held
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock if we got it
+    return False
+
+
+def _abandoned(path: str, pid: int | None, mtime: float) -> bool:
+    age = time.time() - mtime
+    if pid is None:
+        return age > OLD_ABANDONED_AFTER
+    if fcntl is None:
+        return age > ABANDONED_AFTER
+    if _locked_by_writer(path):
+        return False
+    # Unlocked: dead, or between creating the file and locking it (its process alive, the
+    # file new), or its pid reused by another process (the file old).
+    return not _process_exists(pid) or age > ABANDONED_AFTER
+
+
+def partial_writes(directory) -> list[PartialWrite]:
+    """GGUFWriter's partial files in `directory`, live and abandoned."""
+    out = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return out
+    for e in entries:
+        m = _PARTIAL_WRITE.match(e.name)
+        if m is None and not _OLD_PARTIAL_WRITE.match(e.name):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        pid = int(m["pid"]) if m else None
+        target = os.path.join(directory, m["target"]) if m else None
+        out.append(PartialWrite(e.path, target, pid, st.st_size,
+                                _abandoned(e.path, pid, st.st_mtime)))
+    return sorted(out, key=lambda p: p.path)
+
+
+def remove_abandoned_writes(directory) -> list[PartialWrite]:
+    """Deletes the partial files in `directory` whose writer died; returns them. Never
+    raises: a folder that cannot be written keeps its leftovers."""
+    removed = []
+    for p in partial_writes(directory):
+        if p.abandoned:
+            try:
+                os.unlink(p.path)
+                removed.append(p)
+            except OSError:
+                pass
+    return removed
+
+
 class GGUFWriter:
     """Collects metadata and tensors, then writes a GGUF file atomically: everything goes to a
-    temporary file beside the target, renamed into place only when complete."""
+    partial file beside the target (see "partial files" above), renamed into place only when
+    complete. (llama_model_quantize_impl writes its output in place; a run that fails or is
+    killed there leaves a broken file under the final name.)"""
 
     def __init__(self, path, alignment: int = DEFAULT_ALIGNMENT, version: int = 3):
         if version not in SUPPORTED_VERSIONS:
@@ -635,11 +743,14 @@ class GGUFWriter:
         if pending and tensor_source is None:
             raise ValueError(f"no tensor_source for the tensors declared without data: "
                              f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''}")
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=".gguf", dir=directory)
+        directory, name = os.path.split(os.path.abspath(self.path))
+        remove_abandoned_writes(directory)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.partial-{os.getpid()}-", dir=directory)
         try:
-            os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
             with os.fdopen(fd, "wb") as f:
+                if fcntl is not None:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # held until closed: "being written"
+                os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
                 header = self._header()
                 f.write(header)
                 f.write(b"\0" * _padding(len(header), self.alignment))

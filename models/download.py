@@ -8,6 +8,10 @@ process) sends `Range: bytes=N-` with `If-Range: <etag>` and appends; a server t
 instead of 206 (the file changed, or no range support) restarts it cleanly. The whole file is
 checked against the LFS sha256 before it is renamed to its final name, so the store never holds
 a file that is not exactly the Hub's.
+
+A dropped connection is reconnected (RETRIES times in a row without progress); a server that
+goes silent mid-file ends the download after one READ_TIMEOUT with DownloadInterrupted, which
+says how many bytes came (they are kept for the next pull).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import threading
 import time
 from collections import deque
@@ -28,12 +33,13 @@ from llamatui.inference.gguf import GGUFError, GGUFFile
 from . import hub
 from .hub import HubError, HubUnreachableError, RemoteFile, hub_call
 from .store import (PARTIAL_SUFFIX, StoreError, _check_free_space, _write_sidecar, acquire_lock,
-                    hub_target, read_sidecar, store_dir)
+                    hub_target, read_sidecar, remove_leftovers, store_dir, writing_to)
 
 CHUNK = 1 << 20  # local reads (hashing a partial file)
 FREE_SPACE_MARGIN = 16 << 20
-READ_TIMEOUT = 60.0
-RETRIES = 3  # network errors in the middle of a file: reconnect and continue this many times
+READ_TIMEOUT = 60.0  # seconds without a byte from the server: it has stalled
+RETRIES = 3  # dropped connections in a row without progress: reconnect this many times
+RETRY_PAUSE = 1.0  # seconds before the first reconnection, doubling up to 8
 
 
 class DownloadCancelled(StoreError):
@@ -42,6 +48,15 @@ class DownloadCancelled(StoreError):
 
 class ChecksumError(StoreError):
     """The downloaded bytes are not the Hub's file; nothing was kept."""
+
+
+class DownloadInterrupted(HubError):
+    """The server sent less than it announced: it went silent, or kept closing the connection.
+    The bytes received stay in the partial file and the next pull continues from them."""
+
+
+class _ConnectionCut(Exception):
+    """The body ended before its announced length (internal: reconnect and continue)."""
 
 
 @dataclass
@@ -117,22 +132,29 @@ def _partial_paths(target: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return partial, partial.with_name(partial.name + ".json")
 
 
+def _clear_non_file(path: pathlib.Path) -> None:
+    """Removes whatever stands at one of our own partial-file names and is not a plain file (a
+    directory, a link): left there, it would fail every retry with EISDIR, or send our bytes
+    elsewhere."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def _session_stream(url: str, headers: dict):
     from huggingface_hub.utils import get_session
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover
-        import httpx
     return get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                timeout=httpx.Timeout(READ_TIMEOUT, connect=20.0))
+                                timeout=_httpx().Timeout(READ_TIMEOUT, connect=20.0))
 
 
-def _network_errors():
+def _httpx():
     try:
         import httpx2 as httpx
     except ImportError:  # pragma: no cover
         import httpx
-    return (httpx.TransportError, ConnectionError, TimeoutError)
+    return httpx
 
 
 def _is_sha256(s: str | None) -> bool:
@@ -156,15 +178,19 @@ def download_file(repo: str, filename: str, *, revision: str | None = None,
         if side.get("repo") == repo and side.get("file") == filename and (
                 remote is None or not remote.sha256 or side.get("sha256") == remote.sha256):
             return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = acquire_lock(target, f"{repo}/{filename} is being downloaded by another process")
-    try:
-        if target.is_file() and read_sidecar(target).get("repo") == repo:
-            return target
-        return _download_locked(repo, filename, revision, target, progress, cancel, remote,
-                                file_index, file_count)
-    finally:
-        lock.release()
+    elif target.exists() or target.is_symlink():
+        raise StoreError(f"cannot download {repo}/{filename}: {target} exists and is not a "
+                         "file; move it away")
+    with writing_to(store, f"download {repo}/{filename}"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = acquire_lock(target, f"{repo}/{filename} is being downloaded by another process")
+        try:
+            if target.is_file() and read_sidecar(target).get("repo") == repo:
+                return target
+            return _download_locked(repo, filename, revision, target, progress, cancel, remote,
+                                    file_index, file_count)
+        finally:
+            lock.release()
 
 
 def _resolve(repo: str, filename: str, revision: str | None, remote: RemoteFile | None
@@ -195,6 +221,8 @@ def _resolve(repo: str, filename: str, revision: str | None, remote: RemoteFile 
 def _download_locked(repo, filename, revision, target, progress, cancel, remote, file_index,
                      file_count) -> pathlib.Path:
     partial, partial_meta = _partial_paths(target)
+    _clear_non_file(partial)
+    _clear_non_file(partial_meta)
     old = {}
     if partial.exists():
         try:
@@ -265,7 +293,6 @@ def _fetch(meta: dict, partial: pathlib.Path, partial_meta: pathlib.Path, offset
            size: int, meter, cancel) -> str:
     """Appends the rest of the file to `partial` from `offset`; returns the hex digest of the
     whole file (sha256, or git's blob sha1 for a non-LFS file)."""
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
     git = meta.get("sha256") is None and meta.get("git_oid")
     repo, filename = meta["repo"], meta["file"]
 
@@ -288,19 +315,57 @@ def _fetch(meta: dict, partial: pathlib.Path, partial_meta: pathlib.Path, offset
     else:
         h = new_hash()
     done = offset
-    retries = 0
+    failures = 0  # in a row, without progress
     while done < size:
-        headers = build_hf_headers()
-        headers["Accept-Encoding"] = "identity"
-        if done:
-            headers["Range"] = f"bytes={done}-"
-            if meta.get("range_etag"):
-                headers["If-Range"] = meta["range_etag"]
+        before = done
         try:
-            with hub_call(repo, filename), _session_stream(meta["url"], headers) as r:
+            done, h = _fetch_once(meta, partial, partial_meta, done, size, h, new_hash, meter,
+                                  cancel)
+        except (HubUnreachableError, _ConnectionCut) as e:
+            done = partial.stat().st_size if partial.exists() else 0
+            failures = 1 if done > before else failures + 1
+            if failures > RETRIES:
+                if isinstance(e, _ConnectionCut):
+                    raise DownloadInterrupted(
+                        f"{repo}/{filename}: the server closed the connection after {done} of "
+                        f"{size} bytes, {failures} times in a row; pull again to continue from "
+                        "there") from None
+                raise
+            pause = min(8.0, RETRY_PAUSE * 2.0 ** (failures - 1))
+            if cancel is None:
+                time.sleep(pause)
+            elif cancel.wait(pause):
+                raise DownloadCancelled(f"{repo}/{filename}: download cancelled") from None
+            h = new_hash()
+            if done:  # re-hash what is on disk (a cheap local read)
+                with open(partial, "rb") as f:
+                    while chunk := f.read(8 * CHUNK):
+                        h.update(chunk)
+    meter("downloading", done, force=True)
+    return h.hexdigest()
+
+
+def _fetch_once(meta: dict, partial: pathlib.Path, partial_meta: pathlib.Path, done: int,
+                size: int, h, new_hash, meter, cancel) -> tuple[int, object]:
+    """One GET of the file from byte `done` on, appended to `partial`; returns the new `done`
+    and the digest so far. Raises _ConnectionCut when the body ends short (reconnect), and
+    DownloadInterrupted when the server sends nothing for READ_TIMEOUT: waiting longer, or
+    asking again, would make a stalled server look like a hang."""
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+    httpx = _httpx()
+    repo, filename = meta["repo"], meta["file"]
+    headers = build_hf_headers()
+    headers["Accept-Encoding"] = "identity"
+    if done:
+        headers["Range"] = f"bytes={done}-"
+        if meta.get("range_etag"):
+            headers["If-Range"] = meta["range_etag"]
+    with hub_call(repo, filename):
+        try:
+            with _session_stream(meta["url"], headers) as r:
                 if r.status_code >= 400:
                     if r.status_code == 416 and done == size:
-                        break
+                        return done, h
                     r.read()
                     hf_raise_for_status(r)
                 if done and r.status_code == 200:
@@ -321,41 +386,38 @@ def _fetch(meta: dict, partial: pathlib.Path, partial_meta: pathlib.Path, offset
                     meta["range_etag"] = etag
                     _write_json(partial_meta, meta)
                 with open(partial, mode) as f:
-                    for chunk in r.iter_bytes():
-                        if cancel is not None and cancel.is_set():
-                            f.flush()
-                            raise DownloadCancelled(
-                                f"{repo}/{filename}: download cancelled at {done} of {size} "
-                                "bytes; pull it again to continue")
-                        if done + len(chunk) > size:
-                            raise HubError(f"{repo}/{filename}: the server sent more than the "
-                                           f"{size} bytes announced")
-                        f.write(chunk)
+                    try:
+                        for chunk in r.iter_bytes():
+                            if cancel is not None and cancel.is_set():
+                                raise DownloadCancelled(
+                                    f"{repo}/{filename}: download cancelled at {done} of {size} "
+                                    "bytes; pull it again to continue")
+                            if done + len(chunk) > size:
+                                raise HubError(f"{repo}/{filename}: the server sent more than "
+                                               f"the {size} bytes announced")
+                            f.write(chunk)
+                            f.flush()  # in the OS before the next read: kill -9 keeps it
+                            h.update(chunk)
+                            done += len(chunk)
+                            meter("downloading", done)
+                    except httpx.ReadTimeout:
+                        raise DownloadInterrupted(
+                            f"{repo}/{filename}: the server stopped sending after {done} of "
+                            f"{size} bytes (nothing for {READ_TIMEOUT:g} s); pull again to "
+                            "continue from there") from None
+                    except httpx.TransportError as e:
+                        raise _ConnectionCut(f"{type(e).__name__}: {e}") from None
+                    finally:
                         f.flush()
-                        h.update(chunk)
-                        done += len(chunk)
-                        meter("downloading", done)
-                    os.fsync(f.fileno())
-            if done < size:
-                raise HubUnreachableError(f"{repo}/{filename}: the connection closed at {done} "
-                                          f"of {size} bytes")
-        except HubUnreachableError:
-            retries += 1
-            if retries > RETRIES:
-                raise
-            pause = min(8.0, 2.0 ** (retries - 1))
-            if cancel is None:
-                time.sleep(pause)
-            elif cancel.wait(pause):
-                raise DownloadCancelled(f"{repo}/{filename}: download cancelled") from None
-            done = partial.stat().st_size if partial.exists() else 0
-            h = new_hash()
-            if done:  # re-hash what is on disk (a cheap local read)
-                with open(partial, "rb") as f:
-                    while chunk := f.read(8 * CHUNK):
-                        h.update(chunk)
-    meter("downloading", done, force=True)
-    return h.hexdigest()
+                        os.fsync(f.fileno())
+        except httpx.ReadTimeout:
+            host = httpx.URL(meta["url"]).host
+            raise DownloadInterrupted(
+                f"{repo}/{filename}: the server at {host} accepted the connection but sent "
+                f"nothing for {READ_TIMEOUT:g} s; pull again to retry") from None
+    if done < size:
+        raise _ConnectionCut(f"the body ended at {done} of {size} bytes")
+    return done, h
 
 
 # ----------------------------------------------------------------------------- pull
@@ -382,6 +444,7 @@ def pull(ref: str | hub.ModelRef, *, store: pathlib.Path | None = None,
     from .store import find_local
     ref = hub.parse_ref(ref) if isinstance(ref, str) else ref
     store = pathlib.Path(store) if store else store_dir()
+    remove_leftovers(store)
     try:
         listing = hub.list_files(ref, store=store, offline_fallback=False)
     except HubUnreachableError:

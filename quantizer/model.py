@@ -21,6 +21,7 @@ with an importance matrix, the `quantize.imatrix.*` keys llama-quantize adds.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -464,6 +465,10 @@ def _requires_imatrix(p: TensorPlan, ftype: Mix) -> bool:
     return p.dst_type == "Q2_K" and ftype.name == "Q2_K_S"
 
 
+# A destination we cannot write to (read-only, not ours, full): one error naming it.
+_CANNOT_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
 def quantize_model(src, dst, ftype, *, imatrix=None, allow_requantize: bool = False,
                    output_tensor_type: str | None = None,
                    token_embedding_type: str | None = None, pure: bool = False,
@@ -478,8 +483,10 @@ def quantize_model(src, dst, ftype, *, imatrix=None, allow_requantize: bool = Fa
     progress: `progress(done_bytes, total_bytes)` after each tensor is written.
     on_tensor: `on_tensor(i, n, plan)` before each tensor is converted.
 
-    The file is written to a temporary file beside `dst` and renamed at the end: a failed or
-    interrupted run leaves nothing under `dst`'s name (an existing `dst` stays as it was).
+    The file is written to a partial file beside `dst` and renamed at the end: a failed or
+    interrupted run leaves nothing under `dst`'s name (an existing `dst` stays as it was), and
+    what a killed run left is removed by the next write into that folder (inference.gguf's
+    "partial files"). A folder that cannot be written is a QuantizeError naming `dst`.
     A tensor that is already quantized is converted only with `allow_requantize`.
     """
     t0 = time.perf_counter()
@@ -522,7 +529,13 @@ def quantize_model(src, dst, ftype, *, imatrix=None, allow_requantize: bool = Fa
                 return t.data
             return _convert(t, p, weights.get(name))
 
-        w.write(progress=progress, tensor_source=source)
+        try:
+            w.write(progress=progress, tensor_source=source)
+        except OSError as e:
+            if e.errno not in _CANNOT_WRITE:
+                raise
+            raise QuantizeError(f"cannot write {dst}: {e.strerror or os.strerror(e.errno)}"
+                                ) from None
         n_elements = sum(t.n_elements for t in gguf.tensors.values())
         src_bytes = sum(t.nbytes for t in gguf.tensors.values())
     return QuantizeResult(

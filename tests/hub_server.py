@@ -17,8 +17,10 @@ Errors carry X-Error-Code like the Hub: RepoNotFound (404 missing, 401 private),
 without a token, 403 with one), EntryNotFound, RevisionNotFound.
 
 Test knobs on HubServer: `throttle` (bytes/s), `pause_at` {path: offset} (stop sending there until
-`release` is set), `corrupt` {paths} (one byte flipped), `ignore_range`, `etag_salt` (the CDN's
-ETag changes, as when a file is replaced). Every request is logged in `requests` (header names lower-cased).
+`release` is set, the whole length announced), `close_at` {path: offset} (close the connection
+there, every time), `close_every` {path: n} (close each response's connection after n bytes),
+`corrupt` {paths} (one byte flipped), `ignore_range`, `etag_salt` (the CDN's ETag changes, as
+when a file is replaced). Every request is logged in `requests` (header names lower-cased).
 """
 from __future__ import annotations
 
@@ -233,6 +235,8 @@ class HubServer:
         self.requests: list[dict] = []
         self.throttle: float | None = None  # bytes per second for file bodies
         self.pause_at: dict[str, int] = {}
+        self.close_at: dict[str, int] = {}
+        self.close_every: dict[str, int] = {}
         self.paused = threading.Event()
         self.release = threading.Event()
         self.corrupt: set[str] = set()
@@ -491,6 +495,9 @@ def _make_handler(server: HubServer):
             if self.command == "HEAD":
                 return
             pause = server.pause_at.get(f.path)
+            # Where this response's body stops short of its Content-Length, closing.
+            cut = min(end, server.close_at.get(f.path, end),
+                      start + server.close_every.get(f.path, end))
             pos = start
             step = 64 << 10
             t0 = time.monotonic()
@@ -501,7 +508,11 @@ def _make_handler(server: HubServer):
                     server.release.wait(60)
                     self.close_connection = True
                     return  # the client was killed meanwhile; or it sees a short body
-                n = min(step, end - pos)
+                if pos >= cut:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                n = min(step, cut - pos)  # cut <= end
                 if pause is not None and pos < pause:
                     n = min(n, pause - pos)
                 chunk = f.read(pos, pos + n)

