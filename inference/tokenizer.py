@@ -5,7 +5,8 @@ Built from a GGUF metadata mapping (`Tokenizer.from_metadata`), following `src/l
 * vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`) and `llama` (SentencePiece-style
   merging by score, see `tokenizer_spm`);
 * special tokens (CONTROL, USER_DEFINED and UNKNOWN types) are cut out of the text first, longest
-  first (`tokenizer_st_partition`); without `parse_special` only the USER_DEFINED ones are;
+  first (`tokenizer_st_partition`, done in one pass by `tokenizer_special`); without
+  `parse_special` only the USER_DEFINED ones are;
 * BOS/EOS are added as `tokenizer.ggml.add_bos_token` / `add_eos_token` say, with llama.cpp's
   defaults per vocabulary and pre-tokenizer when the keys are absent;
 * detokenizing follows `token_to_piece` + `detokenize`, and `StreamDecoder` gives the same text
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_decode
+from .tokenizer_special import SpecialPartitioner
 from .tokenizer_spm import SPMModel
 from .vocab import Vocab
 
@@ -66,8 +68,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
               "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
               "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
-
-_C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
 
 # detokenize's clean_spaces passes, as byte regexes (see _clean_spaces)
 _CLEAN_PUNCT = re.compile(rb" (?=[?!.,])")
@@ -203,6 +203,7 @@ class Tokenizer:
         self._special_ids: list[int] = special
         self._special_texts: list[str] = [vocab.text(i) for i in special]
         self._set_strip_attrs(md)
+        self._partitioners: dict[bool, SpecialPartitioner] = {}  # by parse_special, built on use
 
         self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
 
@@ -393,41 +394,21 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool) -> list:
         """tokenizer_st_partition: ints are special tokens, (start, end) pairs raw text."""
-        frags: list = [(0, len(text))]
+        part = self._partitioners.get(parse_special)
+        if part is None:
+            part = self._partitioners[parse_special] = self._partitioner(parse_special)
+        return part.partition(text)
+
+    def _partitioner(self, parse_special: bool) -> SpecialPartitioner:
+        """The special tokens tokenizing looks for, in llama.cpp's order; without
+        `parse_special`, CONTROL and UNKNOWN tokens are left in the text."""
         attrs = self._attr
-        for tid, s in zip(self._special_ids, self._special_texts):
-            attr = attrs[tid]
-            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
-                continue
-            if s not in text:
-                continue
-            n = len(s)
-            out = []
-            for frag in frags:
-                if frag.__class__ is int:
-                    out.append(frag)
-                    continue
-                start, end = frag
-                while True:
-                    m = text.find(s, start, end)
-                    if m < 0:
-                        out.append((start, end))
-                        break
-                    left_end = m
-                    if attr & ATTR_LSTRIP:
-                        while left_end > start and text[left_end - 1] in _C_SPACE:
-                            left_end -= 1
-                    if left_end > start:
-                        out.append((start, left_end))
-                    out.append(tid)
-                    start = m + n
-                    if attr & ATTR_RSTRIP:
-                        while start < end and text[start] in _C_SPACE:
-                            start += 1
-                    if start >= end:
-                        break
-            frags = out
-        return frags
+        skip = 0 if parse_special else ATTR_CONTROL | ATTR_UNKNOWN
+        keep = [(tid, s) for tid, s in zip(self._special_ids, self._special_texts)
+                if not attrs[tid] & skip]
+        return SpecialPartitioner([s for _, s in keep], [tid for tid, _ in keep],
+                                  [bool(attrs[tid] & ATTR_LSTRIP) for tid, _ in keep],
+                                  [bool(attrs[tid] & ATTR_RSTRIP) for tid, _ in keep])
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """llama_tokenize(text, add_special, parse_special)."""
