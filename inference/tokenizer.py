@@ -2,8 +2,9 @@
 
 Built from a GGUF metadata mapping (`Tokenizer.from_metadata`), following `src/llama-vocab.cpp`:
 
-* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`) and `llama` (SentencePiece-style
-  merging by score, see `tokenizer_spm`);
+* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`), `gemma4` (BPE on raw UTF-8
+  with spaces as U+2581), `llama` (SentencePiece-style merging by score, see `tokenizer_spm`),
+  `bert` (WordPiece, `tokenizer_wpm`) and `t5` (Unigram, `tokenizer_ugm`);
 * special tokens (CONTROL, USER_DEFINED and UNKNOWN types) are cut out of the text first, longest
   first (`tokenizer_st_partition`, done in one pass by `tokenizer_special`); without
   `parse_special` only the USER_DEFINED ones are;

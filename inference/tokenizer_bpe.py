@@ -1,4 +1,5 @@
-"""Byte-level BPE as llama.cpp does it (`tokenizer.ggml.model = gpt2`).
+"""Byte-level BPE as llama.cpp does it (`tokenizer.ggml.model = gpt2`; `gemma4` is the same
+merging on raw UTF-8 characters, with <0xXX> byte tokens for what no merge covers).
 
 Two parts, both following llama.cpp's `src/unicode.cpp` and `src/llama-vocab.cpp`:
 
