@@ -129,6 +129,19 @@ def test_llama_cpp_vocab_all_modes(llama_vocabs, recorded, name):
     assert not bad
 
 
+@pytest.mark.parametrize("name", ALL_VOCABS)
+def test_llama_cpp_vocab_detokenize(llama_vocabs, recorded, name):
+    """Detokenizing (special tokens printed, nothing removed) gives llama.cpp's bytes."""
+    tok = _tokenizer(llama_vocabs, name)
+    bad = []
+    for text, ids, texts in zip(recorded["texts"], recorded["ids"][name],
+                                recorded["detokenized"][name]):
+        for mode_ids, expected in zip((ids[0], ids[3]), texts):
+            if tok.detokenize(mode_ids).decode("utf-8", "surrogateescape") != expected:
+                bad.append(text[:40])
+    assert not bad
+
+
 def test_read_cases_format():
     inp = b"a\n__ggml_vocab_test__\n\n__ggml_vocab_test__\n b\n"
     assert read_cases(inp, " 1 2 \n\n 3\n") == [("a", [1, 2]), ("", []), (" b\n", [3])]
