@@ -2,10 +2,12 @@
 
 Built from a GGUF metadata mapping (`Tokenizer.from_metadata`), following `src/llama-vocab.cpp`:
 
-* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`) and `llama` (SentencePiece-style
-  merging by score, see `tokenizer_spm`);
+* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`), `gemma4` (BPE on raw UTF-8
+  with spaces as U+2581), `llama` (SentencePiece-style merging by score, see `tokenizer_spm`),
+  `bert` (WordPiece, `tokenizer_wpm`) and `t5` (Unigram, `tokenizer_ugm`);
 * special tokens (CONTROL, USER_DEFINED and UNKNOWN types) are cut out of the text first, longest
-  first (`tokenizer_st_partition`); without `parse_special` only the USER_DEFINED ones are;
+  first (`tokenizer_st_partition`, done in one pass by `tokenizer_special`); without
+  `parse_special` only the USER_DEFINED ones are;
 * BOS/EOS are added as `tokenizer.ggml.add_bos_token` / `add_eos_token` say, with llama.cpp's
   defaults per vocabulary and pre-tokenizer when the keys are absent;
 * detokenizing follows `token_to_piece` + `detokenize`, and `StreamDecoder` gives the same text
@@ -22,7 +24,10 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_decode
+from .tokenizer_special import SpecialPartitioner
 from .tokenizer_spm import SPMModel
+from .tokenizer_ugm import UGMModel
+from .tokenizer_wpm import WPMModel
 from .vocab import Vocab
 
 # llama_token_attr bits
@@ -67,8 +72,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
               "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")
 
-_C_SPACE = " \t\n\v\f\r"  # C isspace() in the "C" locale
-
 # detokenize's clean_spaces passes, as byte regexes (see _clean_spaces)
 _CLEAN_PUNCT = re.compile(rb" (?=[?!.,])")
 _CLEAN_QUOTE = re.compile(rb" ' ")
@@ -112,30 +115,44 @@ class Tokenizer:
         self.model: str = str(model)
         self.pre: str = str(md.get(_KEY + "pre", "") or "")
 
-        bos, eos, unk = None, None, None
+        defaults: dict[str, int] = {}  # llama.cpp's special ids per vocabulary type
         clean_spaces = False
-        add_bos = add_eos = False
+        add_bos = add_eos = add_space_prefix = False
         pre_cfg = None
         if self.model == "llama":
             self.vocab_type = "spm"
-            bos, eos, unk = 1, 2, 0
+            defaults = {"bos": 1, "eos": 2, "unk": 0}
             add_space_prefix, add_bos = True, True
-        elif self.model == "gpt2":
+        elif self.model in ("gpt2", "gemma4"):
             self.vocab_type = "bpe"
-            bos, eos = 11, 11
-            add_space_prefix = False
+            if self.model == "gemma4":
+                self.pre = "gemma4"  # llama.cpp ignores the key for this model
+            else:
+                defaults = {"bos": 11, "eos": 11}
             pre_cfg = PRE_TOKENIZERS.get(self.pre)
             if pre_cfg is None:
-                raise ValueError(f"unknown pre-tokenizer type: {self.pre!r}")
+                raise ValueError(f"unknown pre-tokenizer type: {self.pre!r} (known: "
+                                 f"{', '.join(sorted(k for k in PRE_TOKENIZERS if k))})")
             clean_spaces = pre_cfg.clean_spaces
             add_bos = pre_cfg.add_bos
             if pre_cfg.no_bos:
-                bos = None
+                defaults.pop("bos", None)
+        elif self.model == "bert":
+            self.vocab_type = "wpm"
+            defaults = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
+            clean_spaces, add_bos = True, True
+        elif self.model == "t5":
+            self.vocab_type = "ugm"
+            defaults = {"eos": 1, "unk": 2, "pad": 0}
+            add_eos = True
         else:
-            raise ValueError(f"unsupported tokenizer model: {self.model!r} "
-                             "(llamatui handles 'gpt2' BPE and 'llama' SentencePiece vocabularies)")
+            raise ValueError(f"unsupported tokenizer model: {self.model!r} (llamatui handles "
+                             "'gpt2' and 'gemma4' BPE, 'llama' SentencePiece, 'bert' WordPiece "
+                             "and 't5' Unigram vocabularies)")
         self.add_space_prefix: bool = bool(md.get(_KEY + "add_space_prefix", add_space_prefix))
         self.clean_spaces: bool = clean_spaces
+        # SentencePiece-style BPE (Gemma 4) escapes spaces as U+2581 like SPM does
+        self.escape_whitespaces: bool = pre_cfg is not None and pre_cfg.escape_whitespaces
 
         # --- the vocabulary
         self._vocab = vocab = _load_vocab(md)
@@ -165,9 +182,9 @@ class Tokenizer:
         self._control_ids: list[int] = np.nonzero(attr_np & ATTR_CONTROL)[0].tolist()
 
         # --- special token ids: defaults, then metadata (ignored when out of range)
-        ids = {"bos": bos, "eos": eos, "eot": None, "eom": None, "unk": unk, "sep": None,
-               "pad": None, "mask": None, "fim_pre": None, "fim_suf": None, "fim_mid": None,
-               "fim_pad": None, "fim_rep": None, "fim_sep": None}
+        ids = {name: defaults.get(name) for name in (
+            "bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf",
+            "fim_mid", "fim_pad", "fim_rep", "fim_sep")}
         for name in ids:
             if ids[name] is not None and ids[name] >= n:
                 ids[name] = None
@@ -186,6 +203,8 @@ class Tokenizer:
 
         add_bos = md.get(_KEY + "add_bos_token", add_bos)
         add_eos = md.get(_KEY + "add_eos_token", add_eos)
+        if pre_cfg is not None and pre_cfg.force_bos:
+            add_bos = True  # llama.cpp's Gemma 4 workaround
         self.add_bos: bool = bool(add_bos)
         self.add_eos: bool = bool(add_eos)
         if self.add_bos and ids["bos"] is None:
@@ -203,16 +222,17 @@ class Tokenizer:
         self._special_ids: list[int] = special
         self._special_texts: list[str] = [vocab.text(i) for i in special]
         self._set_strip_attrs(md)
+        self._partitioners: dict[bool, SpecialPartitioner] = {}  # by parse_special, built on use
 
         self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
 
+        self._bpe = self._spm = self._wpm = self._ugm = None
         if self.vocab_type == "bpe":
             merges = md.get(_KEY + "merges")
             if merges is None:
                 raise ValueError("cannot find tokenizer merges (tokenizer.ggml.merges)")
             self._bpe = BPEModel(vocab, merges, pre_cfg)
-            self._spm = None
-        else:
+        elif self.vocab_type == "spm":
             byte_ids: list[int | None] = []
             for b in range(256):
                 tid = vocab.get(f"<0x{b:02X}>")
@@ -221,7 +241,17 @@ class Tokenizer:
                 byte_ids.append(tid)
             self._byte_ids = byte_ids
             self._spm = SPMModel(vocab, self._scores, byte_ids, ids["unk"])
-            self._bpe = None
+        elif self.vocab_type == "wpm":
+            lowercase = bool(md.get(_KEY + "normalizer.lowercase", True))
+            self._wpm = WPMModel(vocab, ids["unk"], lowercase,
+                                 bool(md.get(_KEY + "normalizer.strip_accents", lowercase)))
+        else:
+            charsmap = md.get(_KEY + "precompiled_charsmap")
+            if charsmap is not None:
+                charsmap = np.asarray(charsmap).astype(np.uint8).tobytes()
+            self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, ids["unk"], charsmap,
+                                 self.add_space_prefix,
+                                 bool(md.get(_KEY + "remove_extra_whitespaces", False)))
         self._nl_id: int | None = None
 
     # ------------------------------------------------------------------ construction
@@ -349,6 +379,8 @@ class Tokenizer:
         if self._nl_id is None:
             if self.vocab_type == "spm":
                 self._nl_id = self._byte_ids[10] if self._byte_ids[10] is not None else self.pad_id
+            elif self.vocab_type == "wpm":
+                self._nl_id = self.pad_id
             else:
                 ids = self.encode("\n", add_special=False)
                 self._nl_id = ids[0] if ids else self.pad_id
@@ -393,49 +425,29 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool) -> list:
         """tokenizer_st_partition: ints are special tokens, (start, end) pairs raw text."""
-        frags: list = [(0, len(text))]
+        part = self._partitioners.get(parse_special)
+        if part is None:
+            part = self._partitioners[parse_special] = self._partitioner(parse_special)
+        return part.partition(text)
+
+    def _partitioner(self, parse_special: bool) -> SpecialPartitioner:
+        """The special tokens tokenizing looks for, in llama.cpp's order; without
+        `parse_special`, CONTROL and UNKNOWN tokens are left in the text."""
         attrs = self._attr
-        for tid, s in zip(self._special_ids, self._special_texts):
-            attr = attrs[tid]
-            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
-                continue
-            if s not in text:
-                continue
-            n = len(s)
-            out = []
-            for frag in frags:
-                if frag.__class__ is int:
-                    out.append(frag)
-                    continue
-                start, end = frag
-                while True:
-                    m = text.find(s, start, end)
-                    if m < 0:
-                        out.append((start, end))
-                        break
-                    left_end = m
-                    if attr & ATTR_LSTRIP:
-                        while left_end > start and text[left_end - 1] in _C_SPACE:
-                            left_end -= 1
-                    if left_end > start:
-                        out.append((start, left_end))
-                    out.append(tid)
-                    start = m + n
-                    if attr & ATTR_RSTRIP:
-                        while start < end and text[start] in _C_SPACE:
-                            start += 1
-                    if start >= end:
-                        break
-            frags = out
-        return frags
+        skip = 0 if parse_special else ATTR_CONTROL | ATTR_UNKNOWN
+        keep = [(tid, s) for tid, s in zip(self._special_ids, self._special_texts)
+                if not attrs[tid] & skip]
+        return SpecialPartitioner([s for _, s in keep], [tid for tid, _ in keep],
+                                  [bool(attrs[tid] & ATTR_LSTRIP) for tid, _ in keep],
+                                  [bool(attrs[tid] & ATTR_RSTRIP) for tid, _ in keep])
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """llama_tokenize(text, add_special, parse_special)."""
         frags = self._partition(text, parse_special) if text else []
         ids = self._ids
         out: list[int] = []
-        if add_special and self.add_bos:
-            out.append(ids["bos"])
+        if add_special and (self.add_bos or self.vocab_type == "wpm"):
+            out.append(self._required("bos"))
         if self.vocab_type == "spm":
             prev_special = True
             spm = self._spm
@@ -449,16 +461,35 @@ class Tokenizer:
                     s = " " + s
                 out.extend(spm.encode(s.replace(" ", "\u2581")))
                 prev_special = False
-        else:
+        elif self.vocab_type == "bpe":
             bpe = self._bpe
+            escape = self.escape_whitespaces
             for frag in frags:
                 if frag.__class__ is int:
                     out.append(frag)
                 else:
-                    out.extend(bpe.encode(text[frag[0]:frag[1]]))
+                    s = text[frag[0]:frag[1]]
+                    out.extend(bpe.encode(s.replace(" ", "\u2581") if escape else s))
+        else:
+            model = self._wpm or self._ugm
+            for frag in frags:
+                if frag.__class__ is int:
+                    out.append(frag)
+                else:
+                    out.extend(model.encode(text[frag[0]:frag[1]]))
+        if add_special and self.vocab_type == "wpm":
+            out.append(self._required("sep"))  # WordPiece ends with SEP, not EOS
+            return out
         if add_special and self.add_eos:
             out.append(ids["eos"])
         return out
+
+    def _required(self, name: str) -> int:
+        tid = self._ids[name]
+        if tid is None:
+            raise ValueError(f"{self.model} vocabulary has no {name.upper()} token to add "
+                             f"(tokenizer.ggml.{name}_token_id)")
+        return tid
 
     def __call__(self, text: str, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:
@@ -474,7 +505,7 @@ class Tokenizer:
             if attr & _SPECIAL_ATTRS:
                 piece = _raw_bytes(text)
             elif attr & ATTR_NORMAL:
-                if self.vocab_type == "spm":
+                if self.vocab_type != "bpe" or self.escape_whitespaces:
                     piece = _raw_bytes(text.replace("\u2581", " "))
                 else:
                     piece = byte_decode(text)

@@ -1,4 +1,5 @@
-"""Byte-level BPE as llama.cpp does it (`tokenizer.ggml.model = gpt2`).
+"""Byte-level BPE as llama.cpp does it (`tokenizer.ggml.model = gpt2`; `gemma4` is the same
+merging on raw UTF-8 characters, with <0xXX> byte tokens for what no merge covers).
 
 Two parts, both following llama.cpp's `src/unicode.cpp` and `src/llama-vocab.cpp`:
 
@@ -84,16 +85,29 @@ TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+
                 r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+QWEN35_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
+                r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                r"\s+(?!\S)|\s+")
+NEWLINES_REGEX = r"[^\n]+|[\n]+"
+
+
 class PreConfig:
     """What `tokenizer.ggml.pre` selects in llama.cpp's vocab loader."""
 
     def __init__(self, regexes, clean_spaces=True, ignore_merges=False, add_bos=False,
-                 no_bos=False):
+                 no_bos=False, byte_encode=True, whole_newline_words=False, force_bos=False):
         self.regexes = list(regexes)
         self.clean_spaces = clean_spaces
         self.ignore_merges = ignore_merges
         self.add_bos = add_bos
         self.no_bos = no_bos  # llama.cpp clears the default BOS id (chatglm)
+        # False for SentencePiece-style BPE (Gemma 4): merges run on the raw UTF-8 characters,
+        # spaces are escaped to U+2581 first and missing bytes fall back to <0xXX> tokens
+        self.byte_encode = byte_encode
+        self.escape_whitespaces = not byte_encode
+        # Gemma 4: a word of newlines that is a token stays whole
+        self.whole_newline_words = whole_newline_words
+        self.force_bos = force_bos  # add BOS even when the file says not to (Gemma 4)
 
 
 _STARCODER = [r"\p{N}", GPT2_REGEX]
@@ -104,6 +118,65 @@ _VIKING = [" ?[^(\\s|.,!?…。，、।۔،)]+", r"\p{N}"]
 _DEEPSEEK_CODER = ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
 _BAILINGMOE = [r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"]
+# written with escapes: these classes hold code points that editors and terminals normalize
+_DEEPSEEK_LLM = [
+    "[\r\n]",
+    "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370"
+    "-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-"
+    "\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d"
+    "\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6"
+    "-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-"
+    "\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-"
+    "\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-"
+    "\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b"
+    "-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-"
+    "\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-"
+    "\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    "\\s+$",
+    "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+    "\\p{N}+",
+]
+_DEEPSEEK3 = [
+    "\\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\"
+    "p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+]
+_SPARK2_5 = [
+    "\\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\"
+    "p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
+    "\\p{N}",
+]
+_YOUTU = [
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b"
+    "\uff0c\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-"
+    "\u30ff]+",
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}"
+    "\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV]"
+    "[eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!"
+    "\\S)|\\s+",
+]
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_JAIS2 = [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+          r"\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|"
+          r"\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"]
+_CHAMELEON = ["<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )",
+              r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2_REGEX]
+_GRANITE_EMB_MULTI = [
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+" + _CONTRACTIONS
+    + r"?|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*"
+    + _CONTRACTIONS + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+_EXAONE_MOE = [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"]
+_MINICPM5 = [r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+_UFAKZEKA = [r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+             r"\s+(?!\S)|\s+"]
 _SEED_CODER = [r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|"
                r"\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"]
 
@@ -116,6 +189,21 @@ def _pre_table() -> dict[str, PreConfig]:
             t[name] = PreConfig(*args, **kw)
 
     add(["default", ""], _DEFAULT)
+    add(["deepseek-llm"], _DEEPSEEK_LLM, clean_spaces=False)
+    add(["deepseek-v3", "hunyuan-dense", "hy_v4", "joyai-llm"], _DEEPSEEK3, clean_spaces=False)
+    add(["spark2_5"], _SPARK2_5, clean_spaces=False)
+    add(["youtu"], _YOUTU, clean_spaces=False, ignore_merges=True)
+    add(["jais-2"], _JAIS2)
+    add(["qwen35"], [QWEN35_REGEX], clean_spaces=False)
+    add(["gemma4", "granite-embed-multi-311m"], [NEWLINES_REGEX], byte_encode=False,
+        whole_newline_words=True, force_bos=True)
+    add(["sarvam-moe"], [NEWLINES_REGEX], byte_encode=False, clean_spaces=False)
+    add(["chameleon"], _CHAMELEON, add_bos=True, clean_spaces=False)
+    add(["granite-embed-multi-97m"], _GRANITE_EMB_MULTI, clean_spaces=False, ignore_merges=True)
+    add(["exaone-moe"], _EXAONE_MOE)
+    add(["minicpm5"], _MINICPM5, ignore_merges=True)
+    add(["laguna"], [NEWLINES_REGEX, QWEN2_REGEX], clean_spaces=False)
+    add(["ufakzeka"], _UFAKZEKA, clean_spaces=False)
     add(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
          "jina-v5-nano"], [LLAMA3_REGEX], ignore_merges=True, add_bos=True)
     add(["dbrx", "smaug-bpe"], [LLAMA3_REGEX])
@@ -134,7 +222,8 @@ def _pre_table() -> dict[str, PreConfig]:
     add(["poro-chat"], _BLOOM, clean_spaces=False)
     add(["bloom", "gpt3-finnish"], _BLOOM)
     add(["viking"], _VIKING, clean_spaces=False)
-    add(["glm4", "chatglm-bpe"], [LLAMA3_REGEX], no_bos=True)
+    add(["chatglm-bpe"], [LLAMA3_REGEX], no_bos=True)
+    add(["glm4", "glm5"], [LLAMA3_REGEX], no_bos=True, ignore_merges=True)
     add(["tekken"], [TEKKEN_REGEX], clean_spaces=False, ignore_merges=True, add_bos=True)
     add(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], [GPT4O_REGEX], clean_spaces=False)
     add(["bailingmoe", "bailingmoe2", "llada-moe"], _BAILINGMOE, clean_spaces=False)
@@ -147,12 +236,13 @@ PRE_TOKENIZERS: dict[str, PreConfig] = _pre_table()
 
 # ----------------------------------------------------------------------------- splitting
 
-# The GPT-2 and Llama-3 regexes get llama.cpp's hand-written splitters, which behave as the regex
-# with a final `|\s+` alternative, on code point flags generated from the `regex` module.
+# The GPT-2, Llama-3 and Qwen 3.5 regexes get llama.cpp's hand-written splitters, which behave as
+# the regex (GPT-2's with a final `|\s+` alternative) on the code points' own Unicode classes.
 _CUSTOM = {
     GPT2_REGEX: GPT2_REGEX + r"|\s+",
     LLAMA3_REGEX: LLAMA3_REGEX,
     LLAMA3_REGEX_ORIG: LLAMA3_REGEX,
+    QWEN35_REGEX: QWEN35_REGEX,
 }
 
 # unicode_regex_split's category collapsing
@@ -238,6 +328,8 @@ class _Splitter:
     """One regex of the list: splits each piece into matched and unmatched spans."""
 
     def __init__(self, expr: str):
+        if expr.endswith("$") and not expr.endswith("\\$"):
+            expr = expr[:-1] + r"\Z"  # ECMAScript's $ is the end of the input, never a newline
         if expr in _CUSTOM:
             self.mode = "raw"
             self.rx = regex.compile(_CUSTOM[expr])
@@ -330,9 +422,12 @@ class BPEModel:
         return out
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
-        enc = byte_encode(word)
+        pre = self.pre
+        enc = byte_encode(word) if pre.byte_encode else word
         tok = self.token_to_id
-        if self.pre.ignore_merges and (tid := tok.get(enc)) is not None:
+        if pre.ignore_merges and (tid := tok.get(enc)) is not None:
+            return (tid,)
+        if pre.whole_newline_words and not enc.strip("\n") and (tid := tok.get(enc)) is not None:
             return (tid,)
         return tuple(self._symbols_to_ids(self._merge(enc)))
 
@@ -383,10 +478,13 @@ class BPEModel:
             if tid is not None:
                 yield tid
                 continue
-            # llama.cpp looks each byte of the symbol's UTF-8 up as a one-byte token and drops
-            # the bytes that are not tokens.
+            # llama.cpp looks each byte of the symbol's UTF-8 up as a one-byte token (as a <0xXX>
+            # token without byte encoding) and drops the bytes that are not tokens.
             for b in s.encode("utf-8", "surrogatepass"):
-                one = chr(b) if b < 0x80 else chr(0xDC00 + b)  # GGUF strings: surrogateescape
+                if self.pre.byte_encode:
+                    one = chr(b) if b < 0x80 else chr(0xDC00 + b)  # GGUF strings: surrogateescape
+                else:
+                    one = f"<0x{b:02X}>"
                 tid = tok.get(one)
                 if tid is not None:
                     yield tid
