@@ -94,7 +94,8 @@ def run(args):
     console = Console(width=None if sys.stdout.isatty() else 240)
     totals = info["totals"]
     split = len(info["shards"]) > 1
-    console.print(f"[bold]{escape(str(path))}[/]  GGUF v{info['version']}, alignment {info['alignment']}, "
+    console.print(f"[bold]{escape(str(path))}[/]  GGUF v{info['version']}, "
+                  f"alignment {info['alignment']}, "
                   f"{len(info['metadata'])} metadata keys, {totals['n_tensors']} tensors")
     if split:
         console.print(escape(f"split in {len(info['shards'])} shards: "

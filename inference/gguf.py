@@ -5,9 +5,9 @@ metadata as (string key, u32 value type, value); tensor infos as (string name, u
 u64 ne[n_dims], u32 ggml type, u64 offset); then, at the next multiple of `general.alignment`,
 the data section that every tensor offset is relative to. A string is a u64 length and its bytes.
 
-A model split by llama.cpp's gguf-split is several such files, `PREFIX-00001-of-0000N.gguf` ...:
-the first holds all the metadata, every one `split.no`, `split.count` and `split.tensors.count`
-and a share of the tensors. Opening the first shard opens the whole model.
+A model split by llama.cpp's gguf-split is several such files named `PREFIX-00001-of-0000N.gguf`
+and on: the first holds all the metadata; each holds `split.no`, `split.count`,
+`split.tensors.count` and a share of the tensors. Opening the first shard opens the whole model.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8
-# llama.cpp's LLM_KV_SPLIT_* keys (u16, u16, i32) and llama_split_path's name pattern.
+# llama.cpp's LLM_KV_SPLIT_* keys, written as u16, u16 and i32.
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT = "split.no", "split.count", "split.tensors.count"
-MAX_SPLITS = 0xFFFF
+MAX_SPLITS = 0xFFFF  # split.count is a u16
 
 
 class GGUFError(ValueError):
@@ -437,6 +437,9 @@ class GGUFFile:
             shard = GGUFFile._open_file(path, use_mmap, mlock)
             self._other_shards.append(shard)
             found = shard.split_position()
+            if SPLIT_COUNT not in shard.metadata:
+                raise GGUFError(f"{path}: no {SPLIT_COUNT}, so not shard {shard_no + 1} of the "
+                                f"{count} that {self.path} names")
             if found[1] != count:
                 raise GGUFError(f"{path}: {SPLIT_COUNT} is {found[1]}, but the first shard "
                                 f"{self.path} says {count}")

@@ -177,6 +177,15 @@ def test_mismatched_split_count_is_named(tmp_path):
     assert err.startswith(paths[2]) and "says 3" in err
 
 
+def test_a_plain_file_in_place_of_a_shard(tmp_path):
+    paths = _tiny_split(tmp_path)
+    w = GGUFWriter(paths[1])
+    w.add_tensor("t1", "F32", (4,), np.ones(4, np.float32))
+    w.write()
+    err = _open_error(paths[0], "no split.count, so not shard 2 of the 3")
+    assert err.startswith(paths[1])
+
+
 def test_shards_out_of_order(tmp_path):
     paths = _tiny_split(tmp_path)
     os.replace(paths[1], tmp_path / "x")
