@@ -737,23 +737,28 @@ class GGUFWriter:
 
     def write_split(self, max_tensors: int = 0, max_bytes: int = 0, progress=None,
                     tensor_source=None) -> list[str]:
-        """Writes the model in llama.cpp's split layout, as `llama-gguf-split --split` does:
-        `max_tensors` per shard (--split-max-tensors) or at most `max_bytes` of padded tensor
-        data per shard (--split-max-size); the writer's path, less a `.gguf` ending, is the
-        prefix of `PREFIX-00001-of-0000N.gguf` .... The first shard holds all the metadata; each
-        holds split.no, split.count and split.tensors.count. All shards appear together, or
-        none. Returns their paths in order."""
+        """Writes the model in llama.cpp's split layout, byte for byte as `llama-gguf-split
+        --split` does: `max_tensors` per shard (--split-max-tensors) or at most `max_bytes` of
+        padded tensor data per shard (--split-max-size). The writer's path, less a `.gguf`
+        ending, is the PREFIX of `PREFIX-00001-of-0000N.gguf` and on. The first shard holds all
+        the metadata, each split.no, split.tensors.count and split.count (and, for an alignment
+        other than 32, general.alignment, which gguf-split leaves out). All shards appear
+        together, or none. Returns their paths in order."""
         shards = self._split_plan(max_tensors, max_bytes)
         count = len(shards)
         prefix = self.path.removesuffix(".gguf")
         files = []
         for no, tensors in enumerate(shards):
-            metadata = dict(self.metadata) if no == 0 else {}
+            split_keys = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT)
+            metadata = {k: v for k, v in self.metadata.items() if k not in split_keys} \
+                if no == 0 else {}
             if no and self.alignment != DEFAULT_ALIGNMENT:  # the only other key a shard needs
                 metadata["general.alignment"] = (ValueType(GGUFValueType.UINT32), self.alignment)
+            # In gguf-split's order (it sets split.count last, once the count is known), so
+            # the shards come out byte for byte as llama-gguf-split writes them.
             metadata[SPLIT_NO] = (ValueType(GGUFValueType.UINT16), no)
-            metadata[SPLIT_COUNT] = (ValueType(GGUFValueType.UINT16), count)
             metadata[SPLIT_TENSORS_COUNT] = (ValueType(GGUFValueType.INT32), len(self.tensors))
+            metadata[SPLIT_COUNT] = (ValueType(GGUFValueType.UINT16), count)
             files.append((split_path(prefix, no, count), metadata, tensors))
         self._write_files(files, progress, tensor_source)
         return [path for path, _, _ in files]

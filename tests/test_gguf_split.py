@@ -1,5 +1,6 @@
 """Split GGUF models (llama.cpp's gguf-split layout): written by GGUFWriter.write_split, opened as
 one model from the first shard, checked shard by shard like llama_model_loader does."""
+import hashlib
 import json
 import mmap
 import os
@@ -11,7 +12,23 @@ import pytest
 from llamatui.inference.gguf import (GGUFError, GGUFFile, GGUFValueType, GGUFWriter, split_path,
                                      split_prefix)
 
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+SPLIT_KEYS = ("split.no", "split.tensors.count", "split.count")  # in the order gguf-split writes
+# sha256 of the shards llama.cpp's llama-gguf-split (tools/gguf-split of the reference checkout,
+# llama.cpp 0.6.0) wrote from the SmolLM2 starter model with `--split-max-tensors 100` and with
+# `--split-max-size 40M`, recorded by hand: our shards must be the same bytes.
+LLAMA_GGUF_SPLIT_SHA256 = {
+    "max_tensors": ["5d7783b09193c99f8c0d5de487430a75b2d89decfa54aa55fcdfafcef8aa0aeb",
+                    "c0a0cd044665ed2568fd6f32c24b62ada9667f46c4c823d08a0470c1e89f518e",
+                    "5d705b914de8d237db555cb19bd2fe478b5a64c8e6fb8f58702aa813381a2f9d"],
+    "max_bytes": ["3f5ab9ffa02a0f8eb50435b7929dbbb5e5ecff012bd90426ccc5eb6b90f02e49",
+                  "248ceca2b27c2b7eced896a10a3ddb7114b4da82d4e6c4b40272b459993fd369",
+                  "4b40b6cdaa9b35a97fd697b3ca413ac89c1df12347da6916d72bc8cc56fa7bc9"],
+}
+
+
+def _sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _writer_from(src: GGUFFile, prefix) -> GGUFWriter:
@@ -47,9 +64,9 @@ def test_shards_follow_gguf_split_layout(smollm2_path, smollm2_shards):
     for no, path in enumerate(smollm2_shards):
         with GGUFFile.open(path, join_splits=False) as shard:
             md = shard.metadata
-            assert [md[k] for k in SPLIT_KEYS] == [no, 3, 272]
+            assert [md[k] for k in SPLIT_KEYS] == [no, 272, 3]
             assert [md.types[k].type for k in SPLIT_KEYS] == [
-                GGUFValueType.UINT16, GGUFValueType.UINT16, GGUFValueType.INT32]
+                GGUFValueType.UINT16, GGUFValueType.INT32, GGUFValueType.UINT16]
             # all the metadata in the first shard (split keys last), only split keys elsewhere
             assert list(md) == (keys if no == 0 else []) + list(SPLIT_KEYS)
             seen += list(shard.tensors)
@@ -59,6 +76,7 @@ def test_shards_follow_gguf_split_layout(smollm2_path, smollm2_shards):
         assert ref.fields["split.no"].contents() == no
         assert [t.name for t in ref.tensors] == seen[-len(ref.tensors):]
     assert seen == names  # in the original order
+    assert [_sha256(p) for p in smollm2_shards] == LLAMA_GGUF_SPLIT_SHA256["max_tensors"]
 
 
 def test_first_shard_opens_the_whole_model(smollm2_path, smollm2_shards):
@@ -94,19 +112,21 @@ def test_split_model_gives_the_same_logits(smollm2_path, smollm2_shards):
 
 
 def test_split_by_size_like_split_max_size(smollm2_path, tmp_path):
-    limit = 30_000_000  # token_embd alone (Q8_0, 30,081,024 bytes) is over: a shard of its own
+    limit = 30_000_000
     with GGUFFile.open(smollm2_path) as src:
-        paths = _writer_from(src, tmp_path / "m.gguf").write_split(max_bytes=limit)
-        n_tensors = len(src.tensors)
-    assert os.path.basename(paths[0]) == f"m-00001-of-{len(paths):05d}.gguf"
+        w = _writer_from(src, tmp_path / "m.gguf")
+        paths = w.write_split(max_bytes=40_000_000)
+        # a tensor over the limit (token_embd: Q8_0, 30,081,024 bytes) gets a shard of its own,
+        # where llama-gguf-split gives up
+        small_paths = w.write_split(max_bytes=limit)
+    assert [os.path.basename(p) for p in paths] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert [_sha256(p) for p in paths] == LLAMA_GGUF_SPLIT_SHA256["max_bytes"]
     sizes = []
-    for path in paths:
+    for path in small_paths:
         with GGUFFile.open(path, join_splits=False) as shard:
             sizes.append(sum(-(-t.nbytes // 32) * 32 for t in shard.tensors.values()))
             assert sizes[-1] <= limit or list(shard.tensors) == ["token_embd.weight"]
-    assert len(paths) == 4 and min(sizes[1:-1]) > 0.95 * limit  # filled before a new one
-    with GGUFFile.open(paths[0]) as whole:
-        assert len(whole.tensors) == n_tensors
+    assert len(sizes) == 4 and min(sizes[1:-1]) > 0.95 * limit  # filled before a new one
 
 
 def test_our_reader_opens_shards_written_by_gguf_py(tmp_path):
