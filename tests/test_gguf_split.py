@@ -146,6 +146,19 @@ def test_our_reader_opens_shards_written_by_gguf_py(tmp_path):
                {n: a.tolist() for n, a in arrays.items()}
 
 
+def test_split_with_custom_alignment(tmp_path):
+    w = GGUFWriter(tmp_path / "a")
+    w.add("general.alignment", 64, GGUFValueType.UINT32)
+    for i in range(3):
+        w.add_tensor(f"t{i}", "F32", (3,), np.full(3, i, np.float32))
+    paths = w.write_split(max_tensors=1)
+    for path in paths:
+        with GGUFFile.open(path, join_splits=False) as shard:
+            assert shard.alignment == 64 and shard.data_offset % 64 == 0
+    with GGUFFile.open(paths[0]) as f:
+        assert [t.dequantize().tolist() for t in f.tensors.values()] == [[0] * 3, [1] * 3, [2] * 3]
+
+
 def test_split_names_follow_llama_split_path():
     assert split_path("/m/x", 0, 3) == "/m/x-00001-of-00003.gguf"
     assert split_prefix("/m/x-00002-of-00003.gguf", 1, 3) == "/m/x"
