@@ -4,6 +4,10 @@ Layout (v2/v3, little-endian): magic "GGUF", u32 version, u64 tensor count, u64 
 metadata as (string key, u32 value type, value); tensor infos as (string name, u32 n_dims,
 u64 ne[n_dims], u32 ggml type, u64 offset); then, at the next multiple of `general.alignment`,
 the data section that every tensor offset is relative to. A string is a u64 length and its bytes.
+
+A model split by llama.cpp's gguf-split is several such files named `PREFIX-00001-of-0000N.gguf`
+and on: the first holds all the metadata; each holds `split.no`, `split.count`,
+`split.tensors.count` and a share of the tensors. Opening the first shard opens the whole model.
 """
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8
+# llama.cpp's LLM_KV_SPLIT_* keys, written as u16, u16 and i32.
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT = "split.no", "split.count", "split.tensors.count"
+MAX_SPLITS = 0xFFFF  # split.count is a u16
 
 
 class GGUFError(ValueError):
@@ -297,14 +304,15 @@ class Metadata(Mapping):
 class GGUFTensor:
     """One tensor: `.type` (llama.cpp's name), `.shape` (numpy order: ggml's ne reversed),
     `.nbytes`, `.data` (zero-copy uint8 view), `.rows` (uint8, one row of blocks per row),
-    `.dequantize()`."""
+    `.dequantize()`; `.shard`: which file of a split model holds it (0 otherwise)."""
 
     def __init__(self, name: str, ggml_type: GGMLType, shape: tuple[int, ...], offset: int,
                  buf: np.ndarray):
         self.name = name
         self.ggml_type = ggml_type
         self.shape = shape
-        self.offset = offset  # absolute, in the file
+        self.offset = offset  # absolute, in its file
+        self.shard = 0
         self.n_elements = int(np.prod(shape, dtype=np.int64)) if shape else 1
         self.nbytes = self.n_elements // ggml_type.block_size * ggml_type.type_size
         self._buf = buf
@@ -334,8 +342,9 @@ class GGUFTensor:
 
 
 class GGUFFile:
-    """An open GGUF file. Opening reads the header only; tensor data stays in the mapping until
-    used. Use as a context manager or call close()."""
+    """An open GGUF file, or a split model opened from its first shard. Opening reads the headers
+    only; tensor data stays in the mappings until used. Use as a context manager or call close().
+    `shard_paths` lists the model's files; `file_size` is their total size."""
 
     def __init__(self, path, buf: np.ndarray, mapping, version: int, metadata: Metadata,
                  tensors: dict[str, GGUFTensor], alignment: int, data_offset: int):
@@ -348,9 +357,28 @@ class GGUFFile:
         self.alignment = alignment
         self.data_offset = data_offset
         self.file_size = len(buf)
+        self.shard_paths = [path]
+        self._other_shards: list[GGUFFile] = []
 
     @classmethod
-    def open(cls, path, use_mmap: bool = True, mlock: bool = False) -> "GGUFFile":
+    def open(cls, path, use_mmap: bool = True, mlock: bool = False, join_splits: bool = True
+             ) -> "GGUFFile":
+        """Opens a model file. The first shard of a split model brings in the others (found by
+        name, as llama_model_loader does with llama_split_prefix/llama_split_path) and gives
+        one `tensors` dict and the first shard's metadata; another shard is refused, since
+        llama.cpp loads a split model from its first file only. `join_splits=False` opens just
+        the one file, any shard included (to check a download, say)."""
+        f = cls._open_file(path, use_mmap, mlock)
+        if join_splits:
+            try:
+                f._join_shards(use_mmap, mlock)
+            except BaseException:
+                f.close()
+                raise
+        return f
+
+    @classmethod
+    def _open_file(cls, path, use_mmap: bool, mlock: bool) -> "GGUFFile":
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
@@ -374,6 +402,69 @@ class GGUFFile:
             raise GGUFError(f"{path}: {e}") from None
         return cls(path, buf, mapping, *parsed)
 
+    def split_position(self) -> tuple[int, int]:
+        """(split.no, split.count) of this file; (0, 1) for a file that is not split."""
+        count = self._split_key(SPLIT_COUNT, 0)
+        if count <= 1:
+            return 0, 1
+        no = self._split_key(SPLIT_NO, None)
+        if no >= count:
+            raise GGUFError(f"{self.path}: {SPLIT_NO} is {no} but {SPLIT_COUNT} is {count}")
+        return no, count
+
+    def _split_key(self, key: str, default: int | None) -> int:
+        if key not in self.metadata:
+            if default is None:
+                raise GGUFError(f"{self.path}: {SPLIT_COUNT} is set but {key} is missing")
+            return default
+        value = self.metadata[key]
+        if self.metadata.types[key].type not in _INTEGER_TYPES or value < 0:
+            raise GGUFError(f"{self.path}: {key} must be a non-negative integer, got {value!r}")
+        return int(value)
+
+    def _join_shards(self, use_mmap: bool, mlock: bool) -> None:
+        """Adds the other shards' tensors (llama_model_loader's split loop, with its checks:
+        each shard's split.no in turn, the same split.count, no tensor twice, and in all
+        split.tensors.count tensors)."""
+        no, count = self.split_position()
+        if count == 1:
+            return
+        prefix = split_prefix(self.path, no, count)
+        if no != 0:
+            first = f" ({split_path(prefix, 0, count)})" if prefix else ""
+            raise GGUFError(f"{self.path}: shard {no + 1} of {count} of a split model; open "
+                            f"its first shard{first}, which loads all {count}")
+        if prefix is None:
+            raise GGUFError(f"{self.path}: the first of {count} shards, but its name does not "
+                            f"end in {split_path('', 0, count)}, so the others cannot be found")
+        for shard_no in range(1, count):
+            path = split_path(prefix, shard_no, count)
+            if not os.path.isfile(path):
+                raise GGUFError(f"{self.path}: shard {shard_no + 1} of {count} is missing: {path}")
+            shard = GGUFFile._open_file(path, use_mmap, mlock)
+            self._other_shards.append(shard)
+            found = shard.split_position()
+            if SPLIT_COUNT not in shard.metadata:
+                raise GGUFError(f"{path}: no {SPLIT_COUNT}, so not shard {shard_no + 1} of the "
+                                f"{count} that {self.path} names")
+            if found[1] != count:
+                raise GGUFError(f"{path}: {SPLIT_COUNT} is {found[1]}, but the first shard "
+                                f"{self.path} says {count}")
+            if found[0] != shard_no:
+                raise GGUFError(f"{path}: {SPLIT_NO} is {found[0]}, expected {shard_no} (shard "
+                                f"{shard_no + 1} of {count})")
+            for name, t in shard.tensors.items():
+                if name in self.tensors:
+                    raise GGUFError(f"{path}: tensor {name!r} is also in an earlier shard")
+                t.shard = shard_no
+                self.tensors[name] = t
+            self.shard_paths.append(path)
+            self.file_size += shard.file_size
+        expected = self._split_key(SPLIT_TENSORS_COUNT, len(self.tensors))
+        if expected != len(self.tensors):
+            raise GGUFError(f"{self.path}: {SPLIT_TENSORS_COUNT} is {expected} but the {count} "
+                            f"shards hold {len(self.tensors)} tensors")
+
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "<bytes>", header_only: bool = False
                    ) -> "GGUFFile":
@@ -390,6 +481,9 @@ class GGUFFile:
         return cls(name, buf, data, *parsed)
 
     def close(self) -> None:
+        shards, self._other_shards = self._other_shards, []
+        for shard in shards:
+            shard.close()
         self.tensors = {}
         self._buf = None
         mapping, self._mapping = self._mapping, None
@@ -410,8 +504,30 @@ class GGUFFile:
         return self.metadata.get("general.architecture")
 
     def __repr__(self):
+        shards = f", {len(self.shard_paths)} shards" if len(self.shard_paths) > 1 else ""
         return f"GGUFFile({self.path!r}, v{self.version}, {len(self.metadata)} keys, " \
-               f"{len(self.tensors)} tensors)"
+               f"{len(self.tensors)} tensors{shards})"
+
+
+_INTEGER_TYPES = frozenset(t for t in _SCALAR_FORMATS
+                           if t not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64,
+                                        GGUFValueType.BOOL))
+
+
+def split_path(prefix: str, split_no: int, split_count: int) -> str:
+    """The file of shard `split_no` (0-based) of a split model: llama_split_path's
+    `PREFIX-00001-of-00003.gguf`."""
+    return f"{prefix}-{split_no + 1:05d}-of-{split_count:05d}.gguf"
+
+
+def split_prefix(path, split_no: int, split_count: int) -> str | None:
+    """The PREFIX of a shard's path (llama_split_prefix), None when the name does not end in the
+    shard's own `-0000i-of-0000N.gguf`."""
+    path = os.fspath(path)
+    postfix = split_path("", split_no, split_count)
+    if len(path) <= len(postfix) or not path.endswith(postfix):
+        return None
+    return path[:-len(postfix)]
 
 
 def _mlock(buf: np.ndarray) -> None:
@@ -721,42 +837,101 @@ class GGUFWriter:
             raise ValueError(f"duplicate tensor name {name!r}")
         return _TensorToWrite(name, gtype, shape, None, nbytes)
 
-    def _header(self) -> bytes:
-        parts = [GGUF_MAGIC, struct.pack("<IQQ", self.version, len(self.tensors),
-                                         len(self.metadata))]
-        for key, (vtype, value) in self.metadata.items():
+    def write(self, progress=None, tensor_source=None) -> None:
+        """Writes the file. `progress(done_bytes, total_bytes)` is called as tensors are written.
+        `tensor_source(name)` gives the bytes of each tensor declared with `add_tensor_info`: one
+        array (or bytes), or an iterable of them written one after the other."""
+        self._write_files([(self.path, self.metadata, self.tensors)], progress, tensor_source)
+
+    def write_split(self, max_tensors: int = 0, max_bytes: int = 0, progress=None,
+                    tensor_source=None) -> list[str]:
+        """Writes the model in llama.cpp's split layout, byte for byte as `llama-gguf-split
+        --split` does: `max_tensors` per shard (--split-max-tensors) or at most `max_bytes` of
+        padded tensor data per shard (--split-max-size). The writer's path, less a `.gguf`
+        ending, is the PREFIX of `PREFIX-00001-of-0000N.gguf` and on. The first shard holds all
+        the metadata, each split.no, split.tensors.count and split.count (and, for an alignment
+        other than 32, general.alignment, which gguf-split leaves out). All shards appear
+        together, or none. Returns their paths in order."""
+        shards = self._split_plan(max_tensors, max_bytes)
+        count = len(shards)
+        prefix = self.path.removesuffix(".gguf")
+        files = []
+        for no, tensors in enumerate(shards):
+            split_keys = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT)
+            metadata = {k: v for k, v in self.metadata.items() if k not in split_keys} \
+                if no == 0 else {}
+            if no and self.alignment != DEFAULT_ALIGNMENT:  # the only other key a shard needs
+                metadata["general.alignment"] = (ValueType(GGUFValueType.UINT32), self.alignment)
+            # In gguf-split's order (it sets split.count last, once the count is known), so
+            # the shards come out byte for byte as llama-gguf-split writes them.
+            metadata[SPLIT_NO] = (ValueType(GGUFValueType.UINT16), no)
+            metadata[SPLIT_TENSORS_COUNT] = (ValueType(GGUFValueType.INT32), len(self.tensors))
+            metadata[SPLIT_COUNT] = (ValueType(GGUFValueType.UINT16), count)
+            files.append((split_path(prefix, no, count), metadata, tensors))
+        self._write_files(files, progress, tensor_source)
+        return [path for path, _, _ in files]
+
+    def _split_plan(self, max_tensors: int, max_bytes: int) -> list[list[_TensorToWrite]]:
+        """The tensors of each shard, in order (gguf-split's split_strategy; unlike it, a tensor
+        larger than `max_bytes` gets a shard of its own instead of an error)."""
+        if (max_tensors > 0) == (max_bytes > 0):
+            raise ValueError(f"give one of max_tensors and max_bytes as a positive number "
+                             f"(got max_tensors={max_tensors}, max_bytes={max_bytes})")
+        if not self.tensors:
+            raise ValueError(f"{self.path}: a model without tensors cannot be split")
+        shards: list[list[_TensorToWrite]] = [[]]
+        shard_bytes = 0
+        for t in self.tensors:
+            padded = t.nbytes + _padding(t.nbytes, self.alignment)
+            full = len(shards[-1]) == max_tensors if max_tensors else \
+                shard_bytes + padded > max_bytes
+            if full and shards[-1]:
+                shards.append([])
+                shard_bytes = 0
+            shards[-1].append(t)
+            shard_bytes += padded
+        if len(shards) > MAX_SPLITS:
+            raise ValueError(f"{len(shards)} shards; split.count holds at most {MAX_SPLITS}")
+        return shards
+
+    def _header(self, metadata: dict, tensors: list[_TensorToWrite]) -> bytes:
+        parts = [GGUF_MAGIC, struct.pack("<IQQ", self.version, len(tensors), len(metadata))]
+        for key, (vtype, value) in metadata.items():
             parts += [_encode_string(key), struct.pack("<I", vtype.type),
                       _encode_value(vtype, value)]
         offset = 0
-        for t in self.tensors:
+        for t in tensors:
             ne = tuple(reversed(t.shape))
             parts += [_encode_string(t.name), struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne,
                                                           t.ggml_type.id, offset)]
             offset += _padding(t.nbytes, self.alignment) + t.nbytes
         return b"".join(parts)
 
-    def write(self, progress=None, tensor_source=None) -> None:
-        """Writes the file. `progress(done_bytes, total_bytes)` is called as tensors are written.
-        `tensor_source(name)` gives the bytes of each tensor declared with `add_tensor_info`: one
-        array (or bytes), or an iterable of them written one after the other."""
+    def _write_files(self, files, progress, tensor_source) -> None:
+        """Writes each (path, metadata, tensors) to a temporary file beside it; renames them all
+        into place only once every one is complete."""
         pending = [t.name for t in self.tensors if t.data is None]
         if pending and tensor_source is None:
             raise ValueError(f"no tensor_source for the tensors declared without data: "
                              f"{', '.join(pending[:3])}{' ...' if len(pending) > 3 else ''}")
-        directory, name = os.path.split(os.path.abspath(self.path))
-        remove_abandoned_writes(directory)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.partial-{os.getpid()}-", dir=directory)
+        total = sum(t.nbytes for t in self.tensors)
+        done = 0
+        written = []  # (temporary path, final path, open file: its lock says "being written")
         try:
-            with os.fdopen(fd, "wb") as f:
+            for path, metadata, tensors in files:
+                directory, name = os.path.split(os.path.abspath(path))
+                remove_abandoned_writes(directory)
+                fd, tmp = tempfile.mkstemp(prefix=f".{name}.partial-{os.getpid()}-",
+                                           dir=directory)
+                f = os.fdopen(fd, "wb")
+                written.append((tmp, path, f))
                 if fcntl is not None:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # held until closed: "being written"
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # held until every shard is in place
                 os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual permissions
-                header = self._header()
+                header = self._header(metadata, tensors)
                 f.write(header)
                 f.write(b"\0" * _padding(len(header), self.alignment))
-                total = sum(t.nbytes for t in self.tensors)
-                done = 0
-                for t in self.tensors:
+                for t in tensors:
                     if t.data is not None:
                         f.write(memoryview(t.data))
                     else:
@@ -767,13 +942,18 @@ class GGUFWriter:
                         progress(done, total)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            for tmp, path, _ in written:
+                os.replace(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            for tmp, _, _ in written:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
             raise
+        finally:
+            for _, _, f in written:
+                f.close()
 
 
 def _write_chunks(f, t: _TensorToWrite, source) -> None:

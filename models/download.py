@@ -267,7 +267,7 @@ def _download_locked(repo, filename, revision, target, progress, cancel, remote,
     meter("verifying", size, force=True)
     if target.name.endswith(".gguf"):
         try:
-            GGUFFile.open(partial).close()
+            GGUFFile.open(partial, join_splits=False).close()  # one shard at a time
         except GGUFError as e:
             partial.unlink(missing_ok=True)
             partial_meta.unlink(missing_ok=True)

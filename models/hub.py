@@ -339,7 +339,9 @@ class QuantGroup:
     def complete(self) -> bool:
         """For a split file: every shard is listed."""
         sh = self.files[0].shard
-        return sh is None or len(self.files) == sh[1]
+        if sh is None:
+            return True
+        return [f.shard for f in self.files] == [(i, sh[1]) for i in range(1, sh[1] + 1)]
 
     @property
     def supported(self) -> bool | None:
@@ -444,8 +446,10 @@ class RepoListing:
 
 
 def group_files(files: list[RemoteFile]) -> tuple[list[QuantGroup], list, list, list]:
-    """(groups, mmproj, imatrix, other) from a repository's files."""
-    groups: dict[str, list[RemoteFile]] = {}
+    """(groups, mmproj, imatrix, other) from a repository's files. A group is one model: a
+    single file, or the shards of one split file (those sharing its `-0000i-of-0000N.gguf`
+    prefix, as llama.cpp finds them), in shard order."""
+    models: dict[tuple[str, int], list[RemoteFile]] = {}  # (path or shard prefix, shard count)
     mmproj, imatrix, other = [], [], []
     for f in sorted(files, key=lambda f: f.path):
         kind = _kind(f.path)
@@ -457,17 +461,18 @@ def group_files(files: list[RemoteFile]) -> tuple[list[QuantGroup], list, list, 
             other.append(f)
         else:
             sh = f.shard
-            stem = _SHARD_RE.sub("", f.path) if sh else f.path
-            key = f.quant or (stem.rsplit("/", 1)[-1].removesuffix(".gguf") if not sh
-                              else stem.rsplit("/", 1)[-1])
-            # Two different files with the same quantization (rare): keep them apart.
-            if key in groups and not sh and not any(g.shard for g in groups[key]):
-                key = f"{key} ({f.name})"
-            groups.setdefault(key, []).append(f)
-    out = []
-    for key, fs in groups.items():
+            models.setdefault((_SHARD_RE.sub("", f.path), sh[1]) if sh else (f.path, 0),
+                              []).append(f)
+    groups: dict[str, list[RemoteFile]] = {}
+    for (stem, _), fs in models.items():
         fs.sort(key=lambda f: (f.shard or (0, 0))[0])
-        out.append(QuantGroup(key, fs))
+        name = stem.rsplit("/", 1)[-1]
+        key = fs[0].quant or (name if fs[0].shard else name.removesuffix(".gguf"))
+        # Two different models with the same quantization (rare): keep them apart.
+        if key in groups:
+            key = f"{key} ({fs[0].name})"
+        groups[key] = fs
+    out = [QuantGroup(key, fs) for key, fs in groups.items()]
     out.sort(key=lambda g: (g.size if g.size is not None else 1 << 62, g.quant))
     return out, mmproj, imatrix, other
 

@@ -31,7 +31,6 @@ test suite checks they stay within 15 %. The app's own UI (Textual) is not inclu
 from __future__ import annotations
 
 import math
-import pathlib
 from dataclasses import dataclass, field
 
 from llamatui.inference.catalog import (ARCHITECTURES, ENGINE_TYPES, MIXES_BY_NAME, Arch,
@@ -347,31 +346,11 @@ def estimate_file(path, n_ctx: int = 4096, cache_type_k: str = "f16", cache_type
                   n_ubatch: int = DEFAULT_N_UBATCH, threads: int | None = None
                   ) -> MemoryEstimate:
     """Estimate for a local GGUF file (its header only is read). A split model's first shard
-    counts the sizes of all its shards."""
+    opens the whole model, so every shard's tensors and bytes count."""
     from llamatui.inference.gguf import GGUFFile
-    path = pathlib.Path(path)
-    files = _shards(path)
-    with GGUFFile.open(files[0]) as g:
-        shape = ModelShape.from_gguf(g, file_bytes=sum(f.stat().st_size for f in files))
-    if len(files) > 1:
-        for f in files[1:]:
-            with GGUFFile.open(f) as g:
-                extra = ModelShape.from_gguf(g)
-            shape.layer_bytes = [a + b for a, b in zip(shape.layer_bytes, extra.layer_bytes)]
-            shape.other_bytes += extra.other_bytes
-            shape.tensor_types = shape.tensor_types | extra.tensor_types
-            shape.n_params = (shape.n_params or 0) + (extra.n_params or 0)
+    with GGUFFile.open(path) as g:
+        shape = ModelShape.from_gguf(g)
     return estimate(shape, n_ctx, cache_type_k, cache_type_v, n_ubatch, threads)
-
-
-def _shards(path: pathlib.Path) -> list[pathlib.Path]:
-    import re
-    m = re.search(r"-(\d{5})-of-(\d{5})\.gguf$", path.name)
-    if not m:
-        return [path]
-    stem, n = path.name[:m.start()], int(m.group(2))
-    files = [path.with_name(f"{stem}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
-    return [f for f in files if f.exists()] or [path]
 
 
 def estimate_remote(repo: str, filename: str, revision: str | None = None, *,
@@ -517,9 +496,9 @@ def recommend(listing, hw, n_ctx: int = 4096, *, cache_type_k: str = "f16",
             fit.supported = False
         elif fit.supported is None:
             fit.supported = name_ok
-        if g.split:
+        if not g.complete:
             fit.note = (fit.note + "; " if fit.note else "") + \
-                f"split in {len(g.files)} files (the engine loads single files only)"
+                f"only {len(g.files)} of its {g.first.shard[1]} shards are listed"
             fit.supported = False
         fits.append(fit)
     ok = [f for f in fits if f.fits and f.supported is not False]

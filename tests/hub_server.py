@@ -89,7 +89,7 @@ def make_gguf(mix: str = "Q4_K_M", *, arch: str = "llama", n_layer: int = 2, n_e
         if split:
             w.add("split.no", split[0] - 1, GGUFValueType.UINT16)
             w.add("split.count", split[1], GGUFValueType.UINT16)
-            w.add("split.tensors.count", 2 + 9 * n_layer, GGUFValueType.INT32)
+            w.add("split.tensors.count", 3 + 9 * n_layer, GGUFValueType.INT32)
         w.add("tokenizer.ggml.model", "gpt2")
         w.add("tokenizer.ggml.pre", "smollm")
         w.add("tokenizer.ggml.tokens", [f"<t{i}>" for i in range(n_vocab)],

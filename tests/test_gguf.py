@@ -1,5 +1,6 @@
 """GGUF reading, writing and validation, checked against gguf-py and the real starter models."""
 import filecmp
+import json
 import struct
 
 import numpy as np
@@ -210,3 +211,50 @@ def test_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(Exception):
         w.write()
     assert list(tmp_path.iterdir()) == []
+
+
+def _nested(*types):
+    """ValueType of arrays nested around an element type: _nested(ARRAY, ARRAY, INT32)."""
+    vtype = ValueType(types[-1])
+    for t in reversed(types[:-1]):
+        vtype = ValueType(t, vtype)
+    return vtype
+
+
+def test_inspect_json_holds_every_value_type(tmp_path, capsys):
+    from llamatui.app.cli import main
+    A, S = GGUFValueType.ARRAY, GGUFValueType.STRING
+    w = GGUFWriter(tmp_path / "values.gguf")
+    w.add("general.architecture", "llama")
+    w.add("nested.ints", [[1, 2], [], [3]], _nested(A, A, GGUFValueType.INT32))
+    w.add("nested.strings", [["a", "b"], ["c"]], _nested(A, A, S))
+    w.add("nested.deep", [[[1.5, float("nan")]], [[float("inf"), -float("inf")]]],
+          _nested(A, A, A, GGUFValueType.FLOAT64))
+    w.add("nested.long", [list(range(i)) for i in range(10)], _nested(A, A, GGUFValueType.UINT8))
+    w.add("nested.bools", [[True, False]], _nested(A, A, GGUFValueType.BOOL))
+    w.add("big.u64", (1 << 64) - 1, GGUFValueType.UINT64)
+    w.add("big.i64", -(1 << 63), GGUFValueType.INT64)
+    w.add("nan.f32", float("nan"), GGUFValueType.FLOAT32)
+    w.add("floats", np.array([np.nan, 1.0, -np.inf], np.float32))
+    w.add("bad.utf8", b"ok\xff".decode("utf-8", "surrogateescape"))
+    w.add_tensor("x", "F32", (2,), np.zeros(2, np.float32))
+    w.write()
+
+    assert main(["inspect", str(tmp_path / "values.gguf"), "--json"]) == 0
+    out = capsys.readouterr().out
+
+    def no_constants(name):
+        raise AssertionError(f"{name} is not valid JSON")
+    md = json.loads(out, parse_constant=no_constants)["metadata"]
+    assert md["nested.ints"] == [[1, 2], [], [3]]
+    assert md["nested.strings"] == [["a", "b"], ["c"]]
+    assert md["nested.deep"] == [[[1.5, "NaN"]], [["Infinity", "-Infinity"]]]
+    assert md["nested.long"]["length"] == 10 and md["nested.long"]["array_of"] == "ARRAY"
+    assert md["nested.long"]["head"][3] == [0, 1, 2]
+    assert md["nested.bools"] == [[True, False]]
+    assert md["big.u64"] == (1 << 64) - 1 and md["big.i64"] == -(1 << 63)
+    assert md["nan.f32"] == "NaN" and md["floats"] == ["NaN", 1.0, "-Infinity"]
+    assert md["bad.utf8"] == "ok\ufffd"
+    assert main(["inspect", str(tmp_path / "values.gguf")]) == 0  # the table shows them too
+    table = capsys.readouterr().out
+    assert "nested.deep" in table and "Infinity" in table

@@ -88,6 +88,37 @@ def test_mutated_headers_open_or_raise_gguf_error(model, n_mutations, seed, smol
     assert outcomes["opened"] > n_mutations // 20 and outcomes["rejected"] > n_mutations // 4
 
 
+def test_mutated_split_shards_open_or_raise_gguf_error(smollm2_path, tmp_path):
+    """A small model in 3 shards (llama.cpp's split layout); one shard at a time is mutated on
+    disk and the first shard opened: the whole model opens, or a GGUFError names a shard."""
+    with GGUFFile.open(smollm2_path) as f:
+        w = GGUFWriter(tmp_path / "m", alignment=f.alignment)
+        w.add("general.architecture", "llama")
+        for t in sorted(f.tensors.values(), key=lambda t: t.nbytes)[:6]:
+            w.add_tensor(t.name, t.type, t.shape, t.data)
+        paths = w.write_split(max_tensors=2)
+    originals = [open(p, "rb").read() for p in paths]
+    rng = random.Random(7)
+    outcomes = {"opened": 0, "rejected": 0}
+    for i in range(600):
+        k = rng.randrange(3)
+        with open(paths[k], "wb") as out:
+            out.write(_mutate(rng, originals[k], 24))
+        try:
+            with GGUFFile.open(paths[0]) as f:
+                _exercise(f)
+            outcomes["opened"] += 1
+        except GGUFError as e:
+            assert str(e).startswith(tuple(paths)), e
+            outcomes["rejected"] += 1
+        except Exception as e:  # noqa: BLE001 - any other exception is the bug we look for
+            pytest.fail(f"mutation {i} of shard {k + 1} raised {type(e).__name__}: {e}")
+        with open(paths[k], "wb") as out:
+            out.write(originals[k])
+    print(outcomes)
+    assert outcomes["opened"] > 100 and outcomes["rejected"] > 100  # both paths are reached
+
+
 def test_file_truncated_on_disk(smollm2_path, tmp_path):
     data = smollm2_path.read_bytes()
     for n in (3, 24, 1000, 1_500_000, len(data) - 1000):

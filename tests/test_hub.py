@@ -77,6 +77,23 @@ def test_grouping_shards_mmproj_imatrix():
     assert shard_of("a-00003-of-00010.gguf") == (3, 10)
 
 
+def test_shards_group_by_prefix_and_count():
+    files = [RemoteFile(p, 10) for p in [
+        "Q8_0/M-Q8_0-00001-of-00002.gguf", "Q8_0/M-Q8_0-00002-of-00002.gguf", "M-Q8_0.gguf",
+        "big/M-Q4_K_M-00001-of-00003.gguf", "big/M-Q4_K_M-00003-of-00003.gguf",
+        "M-00001-of-00002.gguf", "M-00002-of-00002.gguf"]]
+    groups = {g.quant: g for g in group_files(files)[0]}
+    # a single file beside a split one of the same quantization: two models
+    assert [f.path for f in groups["Q8_0 (M-Q8_0-00001-of-00002.gguf)"].files] == [
+        "Q8_0/M-Q8_0-00001-of-00002.gguf", "Q8_0/M-Q8_0-00002-of-00002.gguf"]
+    assert [f.path for f in groups["Q8_0"].files] == ["M-Q8_0.gguf"]
+    assert groups["Q8_0"].complete and not groups["Q8_0"].split
+    q4 = groups["Q4_K_M"]  # shard 2 of 3 not listed
+    assert q4.split and not q4.complete and q4.size == 20
+    # no quantization in the name: the prefix names the group
+    assert groups["M"].split and groups["M"].complete and groups["M"].size == 20
+
+
 def test_quality_order_and_engine_support():
     assert hub.quality_rank("Q8_0") < hub.quality_rank("Q6_K") < hub.quality_rank("Q4_K_M") \
         < hub.quality_rank("Q2_K")

@@ -158,7 +158,7 @@ def test_search_and_open_a_repo_with_fit_badges(home):
             assert rows[best][0] == "★" and "recommended" in rows[best][4]
             assert all(r[0] == "" for q, r in rows.items() if q != best)
             assert rows["Q8_0"][4].startswith("fits in GPU")
-            assert rows["Q6_K"][2] == "2 files (split)" and rows["Q6_K"][5] == "no"
+            assert rows["Q6_K"][2] == "2 files (split)" and rows["Q6_K"][5] == "runs"
             assert screen.selected_quant() == best  # the cursor starts on it
             detail = str(screen.query_one("#fit-detail").render())
             assert "weights" in detail and "KV cache" in detail
