@@ -5,27 +5,31 @@ import os
 
 from llamatui.inference.bench import run_bench
 
+from .cli import UsageError
 from .engine_args import load_engine
+from .flags import add_cache_types, add_threads, int_at_least
 
 
 def add_arguments(p):
+    """llama-bench's flags, one value each."""
     p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
-    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (pp test)")
-    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (tg test)")
-    p.add_argument("-d", "--n-depth", type=int, default=0,
-                   help="tokens already in the cache when each test starts")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-r", "--repetitions", type=int, default=5)
-    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f16", "f32", "q8_0"))
-    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f16", "f32", "q8_0"))
-    p.add_argument("-o", "--output", choices=("md", "json"), default="md")
+    for flag, long, default, what in (
+            ("-p", "--n-prompt", 512, "prompt tokens (the pp test; 0 = none)"),
+            ("-n", "--n-gen", 128, "generated tokens (the tg test; 0 = none)"),
+            ("-d", "--n-depth", 0, "tokens already in the cache when each test starts")):
+        p.add_argument(flag, long, type=int_at_least(0, "cannot be negative"), default=default,
+                       metavar="N", help=f"{what} (default: {default})")
+    add_threads(p)
+    p.add_argument("-r", "--repetitions", type=int_at_least(1), default=5, metavar="N",
+                   help="number of times to repeat each test (default: 5)")
+    add_cache_types(p)
+    p.add_argument("-o", "--output", choices=("md", "json"), default="md",
+                   help="output format printed to stdout (default: md)")
 
 
 def run(args):
-    if args.repetitions < 1:
-        raise ValueError("-r must be at least 1")
-    if min(args.n_prompt, args.n_gen, args.n_depth) < 0:
-        raise ValueError("-p, -n and -d cannot be negative")
+    if args.n_prompt == args.n_gen == 0:
+        raise UsageError("-p and -n are both 0: there is no test to run")
     # the same flags as run/perplexity, with a context just big enough for the tests
     args.ctx_size = args.n_depth + max(args.n_prompt, args.n_gen) + 1
     args.no_mmap = args.mlock = args.no_context_shift = False

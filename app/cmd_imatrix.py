@@ -5,7 +5,7 @@ import time
 
 from llamatui.models.store import resolve_model
 
-from .cli import CommandError
+from .flags import add_chunks, add_ctx_size, add_threads, chunk_limit
 
 
 def add_arguments(p):
@@ -13,11 +13,11 @@ def add_arguments(p):
     p.add_argument("-f", "--file", required=True, help="text to run the model over")
     p.add_argument("-o", "--output", default="imatrix.gguf",
                    help="where to write the importance matrix (default imatrix.gguf)")
-    p.add_argument("-c", "--ctx-size", type=int, default=512,
-                   help="tokens per chunk (default 512)")
-    p.add_argument("--chunks", type=int, default=None, help="process at most N chunks")
-    p.add_argument("-t", "--threads", type=int, default=None,
-                   help="threads (default: physical cores)")
+    from llamatui.quantizer.imatrix import MIN_ROWS
+    add_ctx_size(p, 512, model_default=False, what="tokens per chunk",
+                 minimum=2 * MIN_ROWS)  # collect_imatrix refuses smaller chunks
+    add_chunks(p)
+    add_threads(p)
     p.add_argument("--process-output", action="store_true",
                    help="collect data for output.weight too")
 
@@ -26,8 +26,6 @@ def run(args):
     from llamatui.inference.engine import default_threads
     from llamatui.quantizer.imatrix import collect_imatrix
 
-    if args.chunks is not None and args.chunks < 1:
-        raise CommandError("--chunks must be at least 1")
     path = resolve_model(args.model)
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
@@ -41,8 +39,9 @@ def run(args):
             print(f"{n} chunks, about {eta:.0f} s to go", file=sys.stderr)
         print(f"[{i}]{ppl:.4f},", end="", flush=True)
 
-    imatrix, result = collect_imatrix(path, text, n_ctx=args.ctx_size, n_chunks=args.chunks,
-                                      threads=threads, process_output=args.process_output,
+    imatrix, result = collect_imatrix(path, text, n_ctx=args.ctx_size,
+                                      n_chunks=chunk_limit(args.chunks), threads=threads,
+                                      process_output=args.process_output,
                                       dataset=args.file, on_chunk=on_chunk)
     print()
     imatrix.save(args.output)

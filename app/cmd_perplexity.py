@@ -4,19 +4,18 @@ import sys
 from llamatui.inference.perplexity import perplexity
 
 from .engine_args import add_model_arguments, load_engine
+from .flags import add_chunks, chunk_limit
 
 
 def add_arguments(p):
-    add_model_arguments(p, default_ctx=512)
+    add_model_arguments(p, default_ctx=512, model_ctx=False)
     p.add_argument("-f", "--file", required=True, help="text file to score")
-    p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks")
+    add_chunks(p)
 
 
 def run(args):
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    if args.ctx_size <= 0:
-        raise ValueError("perplexity needs an explicit context size (-c N)")
     engine = load_engine(args)
     try:
         tok = engine.tokenizer
@@ -28,7 +27,8 @@ def run(args):
         def on_chunk(i, n, ppl):
             print(f"[{i}]{ppl:.4f},", end="", flush=True)
 
-        result = perplexity(engine.logits, tokens, args.ctx_size, bos, args.chunks, on_chunk)
+        result = perplexity(engine.logits, tokens, args.ctx_size, bos,
+                            chunk_limit(args.chunks), on_chunk)
         print()
         print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.stderr:.5f}")
     finally:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .cmd_ls import human_bytes, human_count
+from .flags import add_ctx_size, checked
 
 
 def add_arguments(p):
@@ -15,14 +16,16 @@ def add_arguments(p):
                    help="text to look for in repository names; or owner/repo with --files")
     p.add_argument("--sort", default="downloads",
                    choices=("downloads", "likes", "trending_score", "last_modified",
-                            "created_at"))
-    p.add_argument("-n", "--limit", type=int, default=20)
+                            "created_at"), help="order of the results (default: downloads)")
+    p.add_argument("-n", "--limit", type=checked(int, lambda v: 1 <= v <= 1000,
+                                                 "must be between 1 and 1000"),
+                   default=20, metavar="N",
+                   help="number of repositories to list (default: 20, at most 1000)")
     p.add_argument("--files", action="store_true",
                    help="list the GGUF files of repository QUERY by quantization, with a "
                         "memory estimate for this machine")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096,
-                   help="context size for the memory estimate (with --files)")
-    p.add_argument("--json", action="store_true")
+    add_ctx_size(p, 4096, what="context size for the memory estimate (with --files)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
 def run(args):

@@ -4,11 +4,12 @@ from llamatui.models.store import resolve_model
 
 def add_arguments(p):
     p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
-    p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
+    p.add_argument("--no-bos", action="store_true",
+                   help="do not add the BOS/EOS tokens the model's tokenizer adds")
     p.add_argument("--parse-special", action="store_true",
                    help="turn special-token text such as <|im_start|> into its token")
     p.add_argument("--pieces", action="store_true", help="print 'id -> piece' lines")
-    p.add_argument("text")
+    p.add_argument("text", help="the text to tokenize")
 
 
 def run(args):

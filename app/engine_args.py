@@ -5,21 +5,22 @@ from rich.console import Console
 
 from llamatui.models.store import mark_used, resolve_model
 
+from .flags import add_cache_types, add_ctx_size, add_threads, int_at_least
 
-def add_model_arguments(p, default_ctx: int = 4096):
+
+def add_model_arguments(p, default_ctx: int = 4096, model_ctx: bool = True):
+    """model_ctx: whether -c 0 (the model's training context) is allowed."""
     p.add_argument("-m", "--model", required=True, help="GGUF file, or a model name in the store")
-    p.add_argument("-c", "--ctx-size", type=int, default=default_ctx,
-                   help=f"context size in tokens (0 = the model's own; default {default_ctx})")
-    p.add_argument("-t", "--threads", type=int, default=None,
-                   help="threads (default: physical cores)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=("f16", "f32", "q8_0"))
-    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=("f16", "f32", "q8_0"))
+    add_ctx_size(p, default_ctx, model_default=model_ctx)
+    add_threads(p)
+    add_cache_types(p)
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory")
     p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
     p.add_argument("--no-context-shift", action="store_true",
                    help="stop with an error when the context is full instead of shifting it")
-    p.add_argument("--keep", type=int, default=0,
-                   help="tokens of the prompt kept when the context shifts")
+    p.add_argument("--keep", type=int_at_least(-1, "must be at least 0 (-1 = all)"), default=0,
+                   metavar="N", help="number of tokens to keep from the initial prompt when the "
+                                     "context shifts (default: 0, -1 = all)")
 
 
 def load_engine(args):
@@ -35,11 +36,15 @@ def load_engine(args):
         engine = Engine.load(
             path, n_ctx=args.ctx_size, threads=args.threads, cache_type_k=args.cache_type_k,
             cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
-            context_policy="error" if args.no_context_shift else "shift", n_keep=args.keep,
+            context_policy="error" if args.no_context_shift else "shift",
+            n_keep=max(args.keep, 0),  # --keep -1 needs the prompt: the command sets it
             progress=progress if sys.stderr.isatty() else None)
     mark_used(path)
     info = engine.info
     console.print(f"[dim]{info.name}: {info.architecture} {info.quantization}, "
                   f"{info.n_params / 1e6:.0f}M parameters, n_ctx {info.n_ctx}, "
                   f"{engine.threads} threads[/]")
+    if info.n_ctx > info.n_ctx_train:  # llama.cpp warns the same when a context is created
+        console.print(f"[yellow]warning: n_ctx ({info.n_ctx}) > n_ctx_train "
+                      f"({info.n_ctx_train}) -- possible training context overflow[/]")
     return engine

@@ -71,6 +71,7 @@ class GenerationEvent:
     kv_used: int = 0
     kv_total: int = 0
     finish_reason: str | None = None  # "stop", "eog", "length", "cancelled", "context_full"
+    n_prompt_dropped: int = 0  # prompt tokens cut to fit the context (see Engine.fit_prompt)
 
 
 def default_threads() -> int:
@@ -248,7 +249,10 @@ class Engine:
         """Stops the running generation at its next step (safe from any thread)."""
         self._cancel.set()
 
-    def _fit_prompt(self, ids: list[int], max_new: int) -> list[int]:
+    def fit_prompt(self, ids: list[int]) -> list[int]:
+        """The prompt tokens generate() evaluates: all of them when they fit in the context,
+        else cut as llama.cpp's server truncates input (context policy "shift"; "error" raises
+        ContextFullError)."""
         n_ctx = self.model.n_ctx
         if len(ids) < n_ctx:
             return ids
@@ -318,7 +322,8 @@ class Engine:
 
     def _generate(self, ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
         n_ctx = self.model.n_ctx
-        ids = self._fit_prompt(ids, params.max_tokens or 0)
+        n_given = len(ids)
+        ids = self.fit_prompt(ids)
         sampler = Sampler(params, self.model.n_vocab, n_ctx=n_ctx)
         sampler.accept_many(ids)
         t0 = time.perf_counter()
@@ -336,7 +341,8 @@ class Engine:
             return
         prompt_tps = (len(ids) - reused) / t_prompt if t_prompt > 0 else 0.0
         yield GenerationEvent("prompt", n_prompt=len(ids), n_reused=reused,
-                              prompt_tps=prompt_tps, kv_used=used, kv_total=n_ctx)
+                              prompt_tps=prompt_tps, kv_used=used, kv_total=n_ctx,
+                              n_prompt_dropped=n_given - len(ids))
 
         decoder = self.tokenizer.stream_decoder(unparse_special=False)
         stops = StopStringMatcher(params.stop)

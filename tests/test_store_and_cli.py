@@ -122,5 +122,5 @@ def test_bench_json_and_table_name_tests_like_llama_bench(smollm2_path, capsys):
     assert [r.split("|")[6].strip() for r in rows] == ["pp8", "tg4"]
     assert main(args + ["-d", "16"]) == 0
     assert "pp8 @ d16" in capsys.readouterr().out
-    assert main(args + ["-d", "-1"]) == 1
-    assert "cannot be negative" in capsys.readouterr().err
+    assert main(args + ["-d", "-1"]) == 2  # a flag error, as argparse's
+    assert "argument -d/--n-depth: cannot be negative" in capsys.readouterr().err
