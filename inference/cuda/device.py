@@ -9,6 +9,7 @@ they all live here:
 - `shfl_xor_f32` / `shfl_xor_i32`: `__shfl_xor_sync` on the GPU; in the simulator an exchange
   through shared memory between two block barriers. The emulation needs every thread of the block
   to call it (the GPU only needs the warp), so kernels call the reductions unconditionally.
+  `thread_rank`, `block_threads` and `barrier` let the block reductions be written once.
 - `mul_rn`: a float32 product that is never fused into a multiply-add. NVVM contracts `a * b + c`
   into an FMA even without fastmath; ggml's CPU dequantization rounds the product first, and
   dequantization here must match it bit for bit.
@@ -40,44 +41,68 @@ def device_function(fn):
     return fn if SIMULATED else cuda.jit(device=True)(fn)
 
 if SIMULATED:
-    @cuda.jit(device=True)
-    def _thread_rank():
-        return cuda.threadIdx.x + cuda.blockDim.x * (
-            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
+    # The simulator wraps a `cuda.jit(device=True)` function so that each call swaps the
+    # module's `cuda` global for the launch's fake module and back: from several threads at
+    # once, one thread's restore can pull the fake module from under another. So no device
+    # function here uses the `cuda` global under the simulator: the block-level intrinsics go
+    # through the launch's context object directly.
+    from numba.cuda.simulator.kernel import _get_kernel_context
 
-    @cuda.jit(device=True)
+    def thread_rank():
+        """The thread's index within its block (x fastest)."""
+        ctx = _get_kernel_context()
+        t, b = ctx.threadIdx, ctx.blockDim
+        return t.x + b.x * (t.y + b.y * t.z)
+
+    def block_threads():
+        b = _get_kernel_context().blockDim
+        return b.x * b.y * b.z
+
+    def barrier():
+        _get_kernel_context().syncthreads()
+
+    def _exchange(slots, value, lane_mask):
+        """`value` of the thread `rank ^ lane_mask`, through the shared `slots` between
+        barriers."""
+        rank = thread_rank()
+        barrier()
+        slots[rank] = value
+        barrier()
+        return slots[rank ^ lane_mask]
+
+    # (the simulator tells shared arrays apart by the line that allocates them: one line each)
     def shfl_xor_f32(value, lane_mask):
-        """`value` of the lane `lane ^ lane_mask` (shared-memory emulation of the shuffle)."""
-        slots = cuda.shared.array(_MAX_BLOCK_THREADS, np.float32)
-        rank = _thread_rank()
-        cuda.syncthreads()
-        slots[rank] = value
-        cuda.syncthreads()
-        return slots[rank ^ lane_mask]
+        """`value` of the lane `lane ^ lane_mask` (emulates `__shfl_xor_sync`)."""
+        slots = _get_kernel_context().shared.array(_MAX_BLOCK_THREADS, np.float32)
+        return _exchange(slots, value, lane_mask)
 
-    @cuda.jit(device=True)
     def shfl_xor_i32(value, lane_mask):
-        """As `shfl_xor_f32`, for an int32."""
-        slots = cuda.shared.array(_MAX_BLOCK_THREADS, np.int32)
-        rank = _thread_rank()
-        cuda.syncthreads()
-        slots[rank] = value
-        cuda.syncthreads()
-        return slots[rank ^ lane_mask]
+        slots = _get_kernel_context().shared.array(_MAX_BLOCK_THREADS, np.int32)
+        return _exchange(slots, value, lane_mask)
 
-    @device_function
     def mul_rn(a, b):
         return a * b  # the simulator computes in numpy: nothing is ever fused
 
-    @device_function
     def f32_bits(x):
         return np.int64(np.float32(x).view(np.uint32))
 
-    @device_function
     def bits_f32(bits):
         return np.uint32(bits & 0xFFFFFFFF).view(np.float32)
 else:
     from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def thread_rank():
+        return cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
+
+    @cuda.jit(device=True)
+    def block_threads():
+        return cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z
+
+    @cuda.jit(device=True)
+    def barrier():
+        cuda.syncthreads()
 
     @cuda.jit(device=True)
     def shfl_xor_f32(value, lane_mask):
@@ -88,15 +113,15 @@ else:
     def shfl_xor_i32(value, lane_mask):
         return cuda.shfl_xor_sync(FULL_MASK, value, lane_mask)
 
-    @device_function
+    @cuda.jit(device=True)
     def mul_rn(a, b):
         return libdevice.fmul_rn(a, b)  # __fmul_rn: never contracted into an FMA
 
-    @device_function
+    @cuda.jit(device=True)
     def f32_bits(x):
         return np.int64(libdevice.float_as_int(x)) & 0xFFFFFFFF
 
-    @device_function
+    @cuda.jit(device=True)
     def bits_f32(bits):
         return libdevice.int_as_float(np.int32(bits & 0xFFFFFFFF))
 
@@ -117,19 +142,34 @@ def warp_max(value):
     return value
 
 
-@cuda.jit(device=True)
+@device_function
 def block_sum(value, scratch):
     """The float32 sum over the whole block (at most 32 warps), in every thread. `scratch`: a
     shared float32 array of at least 32 slots. Every thread of the block must call it."""
-    rank = cuda.threadIdx.x
+    rank = thread_rank()
     value = warp_sum(value)
     if rank % WARP == 0:
         scratch[rank // WARP] = value
-    cuda.syncthreads()
-    n_warps = (cuda.blockDim.x + WARP - 1) // WARP
+    barrier()
+    n_warps = (block_threads() + WARP - 1) // WARP
     partial = scratch[rank % WARP] if rank % WARP < n_warps else ZERO
     total = warp_sum(partial)
-    cuda.syncthreads()  # scratch may be reused right after
+    barrier()  # scratch may be reused right after
+    return total
+
+
+@device_function
+def block_max(value, scratch):
+    """The maximum over the whole block, in every thread (as `block_sum`)."""
+    rank = thread_rank()
+    value = warp_max(value)
+    if rank % WARP == 0:
+        scratch[rank // WARP] = value
+    barrier()
+    n_warps = (block_threads() + WARP - 1) // WARP
+    partial = scratch[rank % WARP] if rank % WARP < n_warps else NEG_INF
+    total = warp_max(partial)
+    barrier()
     return total
 
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 GIB = 1 << 30
-INSTALL_HINT = "pip install 'llamatui[gpu]' (CUDA 12) or 'llamatui[gpu-cuda13]'"
+INSTALL_HINT = "pip install 'llamatui[gpu]', or 'llamatui[gpu-cuda13]' for CUDA 13"
 
 # cudaError_t values that have a plainer meaning than CuPy's message
 _RUNTIME_REASONS = {
@@ -83,7 +83,7 @@ def _installed(name: str) -> bool:
 
 def _probe() -> GPUProbe:
     if not _installed("cupy"):
-        return GPUProbe(False, (), f"CuPy is not installed ({INSTALL_HINT})")
+        return GPUProbe(False, (), f"CuPy is not installed (install it with: {INSTALL_HINT})")
     try:
         cupy = importlib.import_module("cupy")
     except Exception as e:  # noqa: BLE001 -- a broken install: CuPy's own message says what
@@ -125,7 +125,8 @@ def _kernel_compiler_missing() -> str:
     try:
         from numba.cuda.cudadrv import nvvm
         if not nvvm.is_available():
-            return f"numba cannot find NVVM, the CUDA compiler its kernels need ({INSTALL_HINT})"
+            return ("numba cannot find NVVM, the CUDA compiler its kernels need "
+                    f"(install it with: {INSTALL_HINT})")
     except Exception as e:  # noqa: BLE001
         return f"numba's CUDA support is unusable ({_one_line(e)})"
     return ""
