@@ -16,13 +16,13 @@ import pytest
 
 import cuda_checks
 
-SIMULATOR_TIMEOUT_S = 1800  # a hang, not a slow run: the checks take about two minutes
+SIMULATOR_TIMEOUT_S = 1800  # a hang, not a slow run: the checks take about a minute
 
 
 def _run_checks(extra_env: dict[str, str]):
     env = dict(os.environ, **extra_env)
     proc = subprocess.run([sys.executable, cuda_checks.__file__], env=env, capture_output=True,
-                          text=True, timeout=SIMULATOR_TIMEOUT_S)
+                          text=True, timeout=SIMULATOR_TIMEOUT_S, check=False)
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith(cuda_checks.MARK):

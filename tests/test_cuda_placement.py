@@ -1,6 +1,5 @@
 """Layer placement as llama.cpp's llama_model::load_tensors does it, on simulated devices."""
 import pytest
-
 from llamatui.inference.cuda.placement import OffloadError, plan_offload
 
 GIB = 1 << 30
@@ -117,12 +116,12 @@ def test_describe_summarizes_like_llama_cpp():
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(n_gpu_layers="lots"), "-ngl: 'lots'"),
-    (dict(main_gpu=2), "-mg: device 2 does not exist (2 device(s): 0..1)"),
-    (dict(tensor_split=(1, 1, 1)), "-ts: expected 2 non-negative shares"),
-    (dict(tensor_split=(1, -1)), "-ts: expected 2"),
-    (dict(split_mode="row"), "-sm: 'row'"),
-    (dict(layer_bytes=[1, 2]), "layer_bytes: expected 10"),
+    ({"n_gpu_layers": "lots"}, "-ngl: 'lots'"),
+    ({"main_gpu": 2}, "-mg: device 2 does not exist (2 device(s): 0..1)"),
+    ({"tensor_split": (1, 1, 1)}, "-ts: expected 2 non-negative shares"),
+    ({"tensor_split": (1, -1)}, "-ts: expected 2"),
+    ({"split_mode": "row"}, "-sm: 'row'"),
+    ({"layer_bytes": [1, 2]}, "layer_bytes: expected 10"),
 ])
 def test_bad_options_are_refused_by_name(kw, words):
     kw = {"n_gpu_layers": "all", **kw}

@@ -25,7 +25,7 @@ from numba import cuda, types
 
 from ..ggml_types import GGML_TYPES
 from ..quants.base import IQ4_LEVELS
-from .device import bits_f32, device_function, half_at, half_to_f32, i8_at, mul_rn, u16_at, u32_at
+from .device import bits_f32, device_function, half_at, i8_at, mul_rn, u16_at, u32_at
 
 CHUNK = 16  # values decoded at a time
 
