@@ -1,0 +1,20 @@
+"""GPU offload through CUDA: device kernels (numba `@cuda.jit`), the device probe and the layer
+placement plan (llama.cpp's `-ngl`, `-mg`, `-ts`, `--no-kv-offload`).
+
+- `probe` (probe.py): is there a usable GPU, and why not: cached, never raises, imports nothing
+  heavy when CuPy is absent.
+- `plan_offload` (placement.py): which layers (and the output layer, and the KV cache) go to
+  which device; pure Python.
+- kernels: `dequant.py` (per-type block decoders, dequantize / get-rows), `matvec.py` (fused
+  dequantize-dot for decoding), `attention.py` (softmax attention over the f32 / f16 / q8_0 KV
+  cache), `elementwise.py` (RMS norm, RoPE, SwiGLU, GeGLU, argmax); `device.py` holds what the
+  GPU and numba's CUDA simulator do differently.
+
+This package imports numba.cuda only through the kernel modules; `probe` and `plan_offload` are
+importable on any machine. The kernels run unchanged under `NUMBA_ENABLE_CUDASIM=1`, which is
+how CI checks them against the CPU backend without a GPU.
+"""
+from .placement import OffloadPlan, plan_offload
+from .probe import GPUDevice, GPUProbe, probe
+
+__all__ = ["GPUDevice", "GPUProbe", "OffloadPlan", "plan_offload", "probe"]

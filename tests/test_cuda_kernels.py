@@ -1,0 +1,113 @@
+"""The CUDA kernels against the CPU backend.
+
+CI has no GPU: numba's CUDA simulator runs every kernel on the CPU (each GPU thread a Python
+thread) in a child process started with NUMBA_ENABLE_CUDASIM=1, since numba picks the simulator
+when numba.cuda is first imported. The checks themselves are in tests/cuda_checks.py; each is
+reported here as its own test. On a machine with a usable GPU, the `gpu` test runs the same
+checks on the device.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cuda_checks
+
+SIMULATOR_TIMEOUT_S = 1800  # a hang, not a slow run: the checks take about a minute
+
+
+def _run_checks(extra_env: dict[str, str]):
+    env = dict(os.environ, **extra_env)
+    proc = subprocess.run([sys.executable, cuda_checks.__file__], env=env, capture_output=True,
+                          text=True, timeout=SIMULATOR_TIMEOUT_S, check=False)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(cuda_checks.MARK):
+            record = json.loads(line[len(cuda_checks.MARK):])
+            results[record["check"]] = record
+    return proc, results
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    return _run_checks({"NUMBA_ENABLE_CUDASIM": "1"})
+
+
+def _assert_passed(proc, results, name):
+    record = results.get(name)
+    assert record is not None, (f"check {name} did not report (exit {proc.returncode}):\n"
+                                f"{proc.stderr[-4000:]}")
+    assert record["ok"], record["error"]
+
+
+@pytest.mark.parametrize("name", cuda_checks.CHECK_NAMES)
+def test_kernel_under_the_simulator(simulated, name):
+    _assert_passed(*simulated, name)
+
+
+@pytest.mark.gpu
+def test_kernels_on_the_gpu():
+    from llamatui.inference.cuda import probe
+    found = probe()
+    if not found.available:
+        pytest.skip(found.reason)
+    proc, results = _run_checks({"NUMBA_ENABLE_CUDASIM": "0"})
+    for name in cuda_checks.CHECK_NAMES:
+        _assert_passed(proc, results, name)
+
+
+# ----------------------------------------------------------------------------- launcher checks
+# Bad arguments are refused before any launch, with the value found and the one expected.
+
+
+def test_unsupported_weight_type_is_named():
+    from llamatui.inference.cuda.dequant import UnsupportedDeviceTypeError, dequantize_rows
+    with pytest.raises(UnsupportedDeviceTypeError, match="'IQ2_XXS'.*supported: F32"):
+        dequantize_rows("IQ2_XXS", np.zeros((2, 66), np.uint8), np.zeros(1, np.int64),
+                        np.zeros((1, 256), np.float32))
+
+
+def test_weight_of_the_wrong_row_size_is_refused():
+    from llamatui.inference.cuda.matvec import matvec
+    with pytest.raises(ValueError, match=r"uint8 \(rows, 36\).*got uint8 \(4, 34\)"):
+        matvec("Q4_0", np.zeros((4, 34), np.uint8), np.zeros((1, 64), np.float32),
+               np.zeros((1, 4), np.float32))
+
+
+def test_matvec_refuses_a_prompt_sized_batch():
+    from llamatui.inference.cuda.matvec import MAX_TOKENS, matvec
+    n = MAX_TOKENS + 1
+    with pytest.raises(ValueError, match=f"{n} tokens"):
+        matvec("Q8_0", np.zeros((4, 34), np.uint8), np.zeros((n, 32), np.float32),
+               np.zeros((n, 4), np.float32))
+
+
+def test_attention_refuses_heads_that_do_not_group():
+    from llamatui.inference.cuda.attention import attention
+    q = np.zeros((1, 3, 32), np.float32)
+    kv = np.zeros((4, 128), np.uint8)
+    with pytest.raises(ValueError, match="3 query heads over 2 KV heads"):
+        attention(q, kv, kv, "f16", "f16", 2, np.zeros(4, np.int32), np.ones((4, 1), bool),
+                  np.zeros(1, np.int64), np.zeros(1, np.int64), 0, 0.1,
+                  np.zeros((1, 3, 32), np.float32))
+
+
+def test_attention_refuses_an_unknown_cache_type():
+    from llamatui.inference.cuda.attention import attention
+    q = np.zeros((1, 2, 32), np.float32)
+    kv = np.zeros((4, 128), np.uint8)
+    with pytest.raises(ValueError, match="q4_0"):
+        attention(q, kv, kv, "q4_0", "f16", 2, np.zeros(4, np.int32), np.ones((4, 1), bool),
+                  np.zeros(1, np.int64), np.zeros(1, np.int64), 0, 0.1,
+                  np.zeros((1, 2, 32), np.float32))
+
+
+def test_rope_refuses_tables_of_the_wrong_size():
+    from llamatui.inference import ops
+    from llamatui.inference.cuda.elementwise import rope
+    with pytest.raises(ValueError, match=r"\(3,\) frequency factors"):
+        rope(np.zeros((2, 1, 8), np.float32), np.zeros(2, np.int64), ops.RopeSpec(8, 1e4),
+             np.ones(3, np.float32))
