@@ -409,16 +409,7 @@ def list_models(store: pathlib.Path | None = None) -> list[LocalModel]:
             info = read_sidecar(first) or info
         except (OSError, ValueError) as e:  # GGUFError is a ValueError
             summary, error = {}, str(e)
-        params = summary.get("parameters")
-        if params is not None and len(files) > 1:
-            total = 0
-            for f in files:
-                try:
-                    total += _cached_summary(f, read_sidecar(f))["parameters"]
-                except (OSError, ValueError):
-                    total = None
-                    break
-            params = total
+        params = summary.get("parameters")  # a first shard opens (and counts) every shard
         source = info.get("source") or "local"
         out.append(LocalModel(
             name=first.relative_to(store).as_posix(), path=first, files=files,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, types
 
-from ..ggml_types import GGML_TYPES
+from ..catalog import GGML_TYPES
 from ..quants.base import IQ4_LEVELS
 from .device import bits_f32, device_function, half_at, i8_at, mul_rn, u16_at, u32_at
 
