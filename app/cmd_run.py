@@ -3,11 +3,12 @@ import sys
 
 from rich.console import Console
 
-from .engine_args import add_model_arguments, load_engine
+from .engine_args import add_chat_template_arguments, add_model_arguments, load_engine
 
 
 def add_arguments(p):
     add_model_arguments(p)
+    add_chat_template_arguments(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt (raw text, no template)")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     p.add_argument("-n", "--n-predict", type=int, default=-1,
