@@ -168,9 +168,11 @@ class ChatTemplate:
 
         model = metadata.get("tokenizer.ggml.model", "")
         if add_bos is None:
-            add_bos = metadata.get("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT.get(model, False))
+            add_bos = metadata.get("tokenizer.ggml.add_bos_token",
+                                   _ADD_BOS_DEFAULT.get(model, False))
         if add_eos is None:
-            add_eos = metadata.get("tokenizer.ggml.add_eos_token", _ADD_EOS_DEFAULT.get(model, False))
+            add_eos = metadata.get("tokenizer.ggml.add_eos_token",
+                                   _ADD_EOS_DEFAULT.get(model, False))
         return cls(source, bos_token=token_text("tokenizer.ggml.bos_token_id"),
                    eos_token=token_text("tokenizer.ggml.eos_token_id"),
                    add_bos=bool(add_bos), add_eos=bool(add_eos), origin=origin)

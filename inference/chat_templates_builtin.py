@@ -191,10 +191,7 @@ def _unless_first_is_system(prefix: str, turns: _Turns, *, if_empty: bool):
     (bailing2's default "detailed thinking off", pangu's empty system turn); `if_empty`: also
     when there are no messages (bailing2 yes, pangu no)."""
     def render(messages: Messages, add_generation_prompt: bool) -> str:
-        if messages:
-            wanted = messages[0]["role"] != "system"
-        else:
-            wanted = if_empty
+        wanted = messages[0]["role"] != "system" if messages else if_empty
         return (prefix if wanted else "") + turns(messages, add_generation_prompt)
     return render
 

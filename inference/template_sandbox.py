@@ -35,7 +35,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime
 
 import jinja2
@@ -50,6 +49,7 @@ TIME_LIMIT_S = 1.0
 MEMORY_LIMIT_BYTES = 80 << 20
 MAX_PROMPT_CHARS = 4 << 20
 STARTUP_LIMIT_S = 30.0  # a worker's Python start and imports, on a loaded machine
+_MAX_REPLY_BYTES = 16 * MAX_PROMPT_CHARS  # a prompt as JSON, every character escaped
 _CACHED_TEMPLATES = 8
 
 
@@ -211,12 +211,14 @@ def _encode_frame(obj) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def _read_frame(stream) -> bytes | None:
-    """The next frame's JSON text, or None at the end of the stream."""
+def _read_frame(stream, max_bytes: int | None = None) -> bytes | None:
+    """The next frame's JSON text, or None at the end of the stream (or past max_bytes)."""
     header = stream.read(4)
     if len(header) < 4:
         return None
     size = int.from_bytes(header, "big")
+    if max_bytes is not None and size > max_bytes:
+        return None
     data = stream.read(size)
     return data if len(data) == size else None
 
@@ -401,7 +403,7 @@ def _worker_boot() -> str:
 def _forward_frames(stream, replies: queue.Queue) -> None:
     """The reader thread: the worker's frames into `replies`, then None when it ends."""
     try:
-        while (data := _read_frame(stream)) is not None:
+        while (data := _read_frame(stream, _MAX_REPLY_BYTES)) is not None:
             replies.put(json.loads(data))
     except (OSError, ValueError):
         pass
