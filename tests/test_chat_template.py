@@ -335,7 +335,7 @@ HOSTILE = {
     "doubling": ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}"
                  "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}", ChatTemplateLimitError,
                  "memory"),
-    "slow-c-call": ("{{ ('b' * 100000).strip('c' * 1000000 ~ 'b') }}", ChatTemplateLimitError,
+    "slow-c-call": ("{{ ('b' * 1000000).strip('c' * 1000000 ~ 'b') }}", ChatTemplateLimitError,
                     "ran for more than"),
     "long-prompt": ("{{ 'a' * 5000000 }}", ChatTemplateLimitError, "5,000,000 characters"),
     "30-nested-for": ("{% for a in messages %}" * 30 + "{% endfor %}" * 30, ChatTemplateError,
