@@ -7,12 +7,13 @@ from rich.console import Console
 from llamatui.inference.sampling import SamplingParams
 
 from .cli import UsageError
-from .engine_args import add_model_arguments, load_engine
+from .engine_args import add_chat_template_arguments, add_model_arguments, load_engine
 from .flags import checked, finite_float, int_at_least, probability
 
 
 def add_arguments(p):
     add_model_arguments(p)
+    add_chat_template_arguments(p)
     p.add_argument("-p", "--prompt", default=None,
                    help="prompt to start generation with (raw text, no chat template)")
     p.add_argument("-f", "--file", default=None, help="a file containing the prompt")

@@ -1,4 +1,5 @@
 """The model-loading flags shared by run, perplexity and bench (llama.cpp's names)."""
+import os
 import sys
 
 from rich.console import Console
@@ -23,11 +24,46 @@ def add_model_arguments(p, default_ctx: int = 4096, model_ctx: bool = True):
                                      "context shifts (default: 0, -1 = all)")
 
 
+def add_chat_template_arguments(p):
+    """llama.cpp's --chat-template / --chat-template-file (for run and serve)."""
+    from llamatui.inference import CHAT_TEMPLATE_NAMES
+
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--chat-template", default=None, metavar="NAME|FILE|JINJA",
+                       help="the chat template: a built-in one by name "
+                            f"({', '.join(CHAT_TEMPLATE_NAMES)}), a Jinja file, or Jinja source "
+                            "(default: the model's own)")
+    group.add_argument("--chat-template-file", default=None, metavar="FILE",
+                       help="the chat template from a Jinja file")
+
+
+def chat_template_from_args(args) -> str | None:
+    """The --chat-template value as Engine.load takes it (a built-in name or Jinja source)."""
+    from llamatui.inference import CHAT_TEMPLATE_NAMES
+
+    value = getattr(args, "chat_template", None)
+    path = getattr(args, "chat_template_file", None)
+    if path is None and value is not None and value.strip() not in CHAT_TEMPLATE_NAMES:
+        if os.path.isfile(value):
+            path = value
+        elif "{{" not in value and "{%" not in value:
+            raise ValueError(f"--chat-template {value!r} is not a built-in template "
+                             f"({', '.join(CHAT_TEMPLATE_NAMES)}), a file, or Jinja source")
+    if path is None:
+        return value
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the chat template file {path}: {e}") from None
+
+
 def load_engine(args):
     """Loads the engine with a status line on stderr."""
     from llamatui.inference import Engine
 
     path = resolve_model(args.model)
+    chat_template = chat_template_from_args(args)
     console = Console(stderr=True)
     with console.status("Loading model…") as status:
         def progress(stage, done, total):
@@ -38,7 +74,8 @@ def load_engine(args):
             cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
             context_policy="error" if args.no_context_shift else "shift",
             n_keep=max(args.keep, 0),  # --keep -1 needs the prompt: the command sets it
-            progress=progress if sys.stderr.isatty() else None)
+            progress=progress if sys.stderr.isatty() else None,
+            chat_template=chat_template)
     mark_used(path)
     info = engine.info
     console.print(f"[dim]{info.name}: {info.architecture} {info.quantization}, "

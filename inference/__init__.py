@@ -7,6 +7,7 @@ import importlib
 _EXPORTS = {
     "Engine": "engine", "ContextFullError": "engine", "GenerationEvent": "engine",
     "ModelInfo": "engine", "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf",
+    "CHAT_TEMPLATE_NAMES": "chat_templates_builtin", "ChatTemplateError": "chat_template",
 }
 __all__ = list(_EXPORTS)
 

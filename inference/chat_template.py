@@ -1,37 +1,38 @@
 """Chat templates: turn a conversation into the prompt text a model was trained on.
 
 A GGUF model carries its Hugging Face chat template (Jinja) in `tokenizer.chat_template`. It is
-rendered the way transformers does it — Jinja's `ImmutableSandboxedEnvironment` with
-`trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, a `{% generation %}` block, and the
-helpers `raise_exception`, `strftime_now` and a `tojson` filter that does not escape non-ASCII or
-HTML — and then adjusted the way llama.cpp's `common/chat.cpp` does it:
+rendered the way transformers does it (see template_sandbox: Jinja's sandbox, run in a worker
+process that is stopped after TIME_LIMIT_S or MEMORY_LIMIT_BYTES) and then adjusted the way
+llama.cpp's `common/chat.cpp` does it:
 
-- a model without a template (or whose template is the word "chatml") gets ChatML,
-  `<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`;
 - `bos_token` / `eos_token` are the texts of the vocabulary's BOS / EOS tokens;
 - the variables are `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, `tools` and
   `documents` (None), and llama.cpp's `enable_thinking` (True); `render(..., **extra)` adds or
-  overrides any of them;
+  overrides any of them (JSON values: they travel to the worker as JSON);
 - when the tokenizer adds BOS itself (`tokenizer.ggml.add_bos_token`), a BOS text at the start of
   the rendered prompt is removed, and likewise a trailing EOS text when it adds EOS, so that
   tokenizing the prompt does not double them.
 
-The sandbox keeps a template away from Python internals: reading an attribute such as
-`__class__`, calling an unsafe function or mutating a list raises `ChatTemplateSecurityError`.
+A template may also be one of llama.cpp's built-in ones by name (chat_templates_builtin:
+"chatml", "gemma", "llama3", ...), rendered exactly as llama.cpp's `llm_chat_apply_template`
+renders it (no Jinja, no BOS/EOS adjustment: llama.cpp's legacy path does none). A model without
+a template gets one (`template_for_vocabulary`): "gemma" for a Gemma vocabulary, else "chatml".
+
+A Jinja template compiles on its first render, so a broken one does not stop a model from
+loading: every render raises ChatTemplateError (a ValueError) instead. The sandbox keeps a
+template away from Python internals: reading an attribute such as `__class__`, calling an unsafe
+function or mutating a list raises `ChatTemplateSecurityError`; running too long or using too much
+memory raises `ChatTemplateLimitError`.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 
-import jinja2
-import jinja2.ext
-import jinja2.nodes
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from . import template_sandbox
+from .chat_templates_builtin import BUILTIN_TEMPLATES, CHAT_TEMPLATE_NAMES
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "ChatTemplateSecurityError"]
+__all__ = ["CHAT_TEMPLATE_NAMES", "ChatTemplate", "ChatTemplateError", "ChatTemplateLimitError",
+           "ChatTemplateSecurityError", "template_for_vocabulary"]
 
 
 class ChatTemplateError(ValueError):
@@ -43,95 +44,24 @@ class ChatTemplateSecurityError(ChatTemplateError):
     """The template tried something the sandbox forbids (Python internals, mutation, ...)."""
 
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+class ChatTemplateLimitError(ChatTemplateError):
+    """The template ran longer, used more memory or wrote a longer prompt than a render may."""
 
 
-# --------------------------------------------------------------------------------------------
-# the Jinja environment
+_ERRORS_BY_KIND = {"security": ChatTemplateSecurityError, "time": ChatTemplateLimitError,
+                   "memory": ChatTemplateLimitError, "size": ChatTemplateLimitError}
 
 
-class _Undefined(jinja2.Undefined):
-    """Lenient like Jinja's default (templates test missing keys freely), except for the
-    undefined the sandbox returns in place of an unsafe attribute: any use of that one raises."""
+def template_for_vocabulary(tokens) -> str:
+    """The built-in template for a model that has none of its own.
 
-    __slots__ = ()
-
-    def _unsafe(self) -> bool:
-        return self._undefined_exception is SecurityError
-
-    def __str__(self) -> str:
-        if self._unsafe():
-            self._fail_with_undefined_error()
-        return super().__str__()
-
-    def __iter__(self):
-        if self._unsafe():
-            self._fail_with_undefined_error()
-        return super().__iter__()
-
-    def __bool__(self) -> bool:
-        if self._unsafe():
-            self._fail_with_undefined_error()
-        return super().__bool__()
-
-    def __len__(self) -> int:
-        if self._unsafe():
-            self._fail_with_undefined_error()
-        return super().__len__()
-
-
-class _GenerationBlock(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with it);
-    for rendering a prompt the body is simply output."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        call = self.call_method("_render_body")
-        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-    @staticmethod
-    def _render_body(caller):
-        return caller()
-
-
-def _raise_exception(message="") -> None:
-    raise ChatTemplateError(str(message))
-
-
-def _strftime_now(fmt: str) -> str:
-    if not isinstance(fmt, str):
-        raise ChatTemplateError(f"strftime_now() needs a format string, got {type(fmt).__name__}")
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    # transformers replaces Jinja's tojson, which HTML-escapes and sorts keys
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        undefined=_Undefined,
-        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-_ENV = _make_environment()
+    llama.cpp renders ChatML for every such model (common_chat_templates_init), except for one
+    case it recognises from the vocabulary (llama_model_chat_template: Mistral-Small-2503's tekken
+    vocabulary gets "mistral-v7-tekken"). A Gemma model spoken to in ChatML answers in Gemma's
+    turns and never ends its reply, so here a vocabulary with Gemma's turn marker
+    `<start_of_turn>` gets "gemma" (the marker llm_chat_detect_template looks for in a template's
+    text), as llama.cpp itself picks "gemma" for a template that contains it."""
+    return "gemma" if tokens is not None and "<start_of_turn>" in tokens else "chatml"
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,45 +101,60 @@ _ADD_EOS_DEFAULT = {"t5": True}
 
 
 class ChatTemplate:
-    """A compiled chat template. `render(messages)` gives the prompt text (special tokens as text:
-    tokenize it with special-token parsing on)."""
+    """A chat template: a built-in one by name, or Jinja source (compiled on first render).
+    `render(messages)` gives the prompt text (special tokens as text: tokenize it with
+    special-token parsing on).
+
+    origin says where it came from: "model" (the GGUF's own), "vocabulary" (the model has none:
+    chosen by template_for_vocabulary) or "override" (the caller's choice)."""
 
     def __init__(self, source: str | None = None, *, bos_token: str = "", eos_token: str = "",
-                 add_bos: bool = False, add_eos: bool = False):
+                 add_bos: bool = False, add_eos: bool = False, origin: str = "override"):
+        """source: a name from CHAT_TEMPLATE_NAMES or Jinja source; None or "" mean "chatml"."""
         if source is not None and not isinstance(source, str):
             raise ChatTemplateError(f"a chat template must be a str, got {type(source).__name__}")
-        self.is_chatml_fallback = not source or source.strip() == "chatml"
-        self.source: str = CHATML_TEMPLATE if self.is_chatml_fallback else source
+        name = (source or "chatml").strip()
+        self.builtin = BUILTIN_TEMPLATES.get(name)
+        self.source: str = name if self.builtin else source
+        self.origin = origin
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.add_bos = bool(add_bos)
         self.add_eos = bool(add_eos)
-        try:
-            self._template = _ENV.from_string(self.source)
-        except jinja2.TemplateSyntaxError as e:
-            raise ChatTemplateError(
-                f"chat template does not compile: {e.message} (line {e.lineno})") from None
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"chat template does not compile: {e}") from None
+
+    @property
+    def name(self) -> str | None:
+        """The built-in template's name; None for Jinja source."""
+        return self.builtin.name if self.builtin else None
+
+    @property
+    def end_of_turn(self) -> str | None:
+        """The text that ends a reply under a built-in template (None for Jinja: the model's
+        own template ends turns with tokens the vocabulary marks as end of generation)."""
+        return self.builtin.end_of_turn if self.builtin else None
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping, *, add_bos: bool | None = None,
-                      add_eos: bool | None = None,
+    def from_metadata(cls, metadata: Mapping, source: str | None = None, *,
+                      add_bos: bool | None = None, add_eos: bool | None = None,
                       tokens: Sequence[str] | None = None) -> "ChatTemplate":
-        """From a GGUF file's metadata: `tokenizer.chat_template` (else
-        `tokenizer.chat_template.tool_use`, else ChatML), the BOS/EOS texts from
-        `tokenizer.ggml.tokens` and `tokenizer.ggml.{bos,eos}_token_id`, and whether the tokenizer
-        adds BOS/EOS (`tokenizer.ggml.add_{bos,eos}_token`; pass add_bos/add_eos to override).
-        `tokens` (a Tokenizer's `vocab`, say) spares decoding the vocabulary list again."""
-        source = metadata.get("tokenizer.chat_template")
-        if not source:
-            source = metadata.get("tokenizer.chat_template.tool_use")
-        if source is not None and not isinstance(source, str):
-            raise ChatTemplateError(
-                f"tokenizer.chat_template must be a string, got {type(source).__name__}")
-
+        """For a GGUF file's model: `source` (a built-in name or Jinja source) when given, else
+        `tokenizer.chat_template` (else `tokenizer.chat_template.tool_use`), else the built-in
+        template_for_vocabulary picks. The BOS/EOS texts come from `tokenizer.ggml.tokens` and
+        `tokenizer.ggml.{bos,eos}_token_id`, whether the tokenizer adds BOS/EOS from
+        `tokenizer.ggml.add_{bos,eos}_token` (pass add_bos/add_eos to override). `tokens` (a
+        Tokenizer's `vocab`, say) spares decoding the vocabulary list again."""
         if tokens is None:
             tokens = metadata.get("tokenizer.ggml.tokens")
+        origin = "override"
+        if not source:
+            origin = "model"
+            source = metadata.get("tokenizer.chat_template") or \
+                metadata.get("tokenizer.chat_template.tool_use")
+            if source is not None and not isinstance(source, str):
+                raise ChatTemplateError(
+                    f"tokenizer.chat_template must be a string, got {type(source).__name__}")
+        if not source:
+            origin, source = "vocabulary", template_for_vocabulary(tokens)
 
         def token_text(key: str) -> str:
             tid = metadata.get(key)
@@ -223,18 +168,23 @@ class ChatTemplate:
 
         model = metadata.get("tokenizer.ggml.model", "")
         if add_bos is None:
-            add_bos = metadata.get("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT.get(model, False))
+            add_bos = metadata.get("tokenizer.ggml.add_bos_token",
+                                   _ADD_BOS_DEFAULT.get(model, False))
         if add_eos is None:
-            add_eos = metadata.get("tokenizer.ggml.add_eos_token", _ADD_EOS_DEFAULT.get(model, False))
+            add_eos = metadata.get("tokenizer.ggml.add_eos_token",
+                                   _ADD_EOS_DEFAULT.get(model, False))
         return cls(source, bos_token=token_text("tokenizer.ggml.bos_token_id"),
                    eos_token=token_text("tokenizer.ggml.eos_token_id"),
-                   add_bos=bool(add_bos), add_eos=bool(add_eos))
+                   add_bos=bool(add_bos), add_eos=bool(add_eos), origin=origin)
 
     def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = True,
                **extra) -> str:
         """The prompt for `messages` (a list of {'role', 'content'} dicts; other keys pass
-        through to the template). `extra` adds template variables (e.g. enable_thinking=False)."""
+        through to a Jinja template). `extra` adds template variables (e.g.
+        enable_thinking=False); built-in templates take none."""
         msgs = _check_messages(messages)
+        if self.builtin:
+            return self.builtin.render(msgs, bool(add_generation_prompt))
         context = {
             "tools": None,
             "documents": None,
@@ -246,16 +196,9 @@ class ChatTemplate:
         context["messages"] = msgs
         context["add_generation_prompt"] = bool(add_generation_prompt)
         try:
-            text = self._template.render(context)
-        except ChatTemplateError:
-            raise
-        except SecurityError as e:
-            raise ChatTemplateSecurityError(f"chat template blocked by the sandbox: {e}") from None
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError,
-                OverflowError, RecursionError) as e:
-            raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+            text = template_sandbox.render(self.source, context)
+        except template_sandbox.TemplateFailure as e:
+            raise _ERRORS_BY_KIND.get(e.kind, ChatTemplateError)(str(e)) from None
 
         # llama.cpp: avoid a double BOS/EOS when the tokenizer adds them itself
         if self.add_bos and self.bos_token and text.startswith(self.bos_token):
@@ -265,5 +208,6 @@ class ChatTemplate:
         return text
 
     def __repr__(self) -> str:
-        kind = "ChatML fallback" if self.is_chatml_fallback else f"{len(self.source)} chars"
-        return f"ChatTemplate({kind}, bos={self.bos_token!r}, eos={self.eos_token!r})"
+        kind = self.name or f"Jinja, {len(self.source)} chars"
+        return f"ChatTemplate({kind}, {self.origin}, bos={self.bos_token!r}, " \
+               f"eos={self.eos_token!r})"

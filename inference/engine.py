@@ -135,10 +135,14 @@ class Engine:
     def load(cls, path, n_ctx: int = 4096, threads: int | None = None,
              cache_type_k: str = "f16", cache_type_v: str = "f16", use_mmap: bool = True,
              mlock: bool = False, context_policy: str = "shift", n_keep: int = 0,
-             warmup: bool = True, progress: Progress | None = None) -> "Engine":
+             warmup: bool = True, progress: Progress | None = None,
+             chat_template: str | None = None) -> "Engine":
         """Opens a GGUF model. n_ctx 0 means the model's training context. context_policy: what
         happens when the context fills: "shift" (llama.cpp's context shift: keep the first
-        n_keep tokens, drop half of the rest) or "error"."""
+        n_keep tokens, drop half of the rest) or "error". chat_template: a built-in template's
+        name (CHAT_TEMPLATE_NAMES) or Jinja source; None: the model's own, or for a model
+        without one a built-in chosen from its vocabulary. A template compiles when a chat first
+        needs it: a broken one does not stop the model from loading or running raw prompts."""
         if context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
                              f"not {context_policy!r}")
@@ -155,7 +159,8 @@ class Engine:
         try:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
-            template = ChatTemplate.from_metadata(gguf.metadata, add_bos=tokenizer.add_bos,
+            template = ChatTemplate.from_metadata(gguf.metadata, chat_template,
+                                                  add_bos=tokenizer.add_bos,
                                                   add_eos=tokenizer.add_eos, tokens=tokenizer.vocab)
             report("Loading weights", 2, 3)
             model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
@@ -192,7 +197,17 @@ class Engine:
 
     def apply_chat_template(self, messages: Sequence[Mapping],
                             add_generation_prompt: bool = True) -> str:
+        """The prompt text for a chat; raises ChatTemplateError (a ValueError) when the template
+        fails, within a couple of seconds whatever the template does."""
         return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def set_chat_template(self, name_or_source: str | None) -> None:
+        """Speaks to the model in another template from the next chat on: a built-in name
+        (CHAT_TEMPLATE_NAMES) or Jinja source; None: back to the model's own (or the one chosen
+        from its vocabulary). Compiles on first use, like Engine.load's chat_template."""
+        self.template = ChatTemplate.from_metadata(
+            self.gguf.metadata, name_or_source, add_bos=self.tokenizer.add_bos,
+            add_eos=self.tokenizer.add_eos, tokens=self.tokenizer.vocab)
 
     def prompt_tokens(self, prompt_or_messages) -> list[int]:
         """A raw prompt (str) or chat messages (list of {role, content}) as token ids, the way
@@ -304,11 +319,9 @@ class Engine:
         Sampling options are SamplingParams' fields (temperature, top_k, top_p, min_p,
         repeat_penalty, seed, max_tokens, stop, logit_bias, ...); max_tokens None means until
         the end-of-generation token or the context policy stops it."""
-        if not isinstance(prompt_or_messages, str) and self._chatml_end_is_text():
-            # A model without a chat template is spoken to in ChatML (as llama.cpp does); when
-            # its vocabulary has no <|im_end|> token the model can only write it as text, so it
-            # would never produce an end-of-generation token: stop at that text instead.
-            sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), "<|im_end|>")}
+        end_text = None if isinstance(prompt_or_messages, str) else self._end_of_turn_text()
+        if end_text:
+            sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}
         params = _sampling_params(sampling)
         ids = self.prompt_tokens(prompt_or_messages)
         if not ids:
@@ -317,8 +330,13 @@ class Engine:
             self._cancel.clear()
             yield from self._generate(ids, params)
 
-    def _chatml_end_is_text(self) -> bool:
-        return self.template.is_chatml_fallback and self.tokenizer.token_to_id("<|im_end|>") is None
+    def _end_of_turn_text(self) -> str | None:
+        """A built-in template's end-of-turn text when the vocabulary has no token for it: a
+        model prompted in a format it was not trained on (ChatML for a model without a template,
+        as llama.cpp does) can only write that marker as text, and would never produce an
+        end-of-generation token, so generation stops at the text instead."""
+        end = self.template.end_of_turn
+        return end if end and self.tokenizer.token_to_id(end) is None else None
 
     def _generate(self, ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
         n_ctx = self.model.n_ctx

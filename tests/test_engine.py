@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from llamatui.inference import ContextFullError, Engine
+from llamatui.inference import ChatTemplateError, ContextFullError, Engine
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +116,39 @@ def test_context_policies(smollm2_path):
         assert all(ev.kv_used <= 64 for ev in events)
 
 
-def test_chatml_fallback_stops_at_its_end_marker(gemma3_path):
-    # Gemma 3 270M has no chat template, so it is prompted in ChatML like llama.cpp does; its
-    # vocabulary has no <|im_end|> token, so the engine stops at that text.
+def test_gemma_without_template_chats_in_gemma_turns(gemma3_path):
+    # Gemma 3 270M has no chat template; its vocabulary has <start_of_turn>, so it is prompted
+    # with llama.cpp's built-in "gemma" template (llama.cpp itself would use ChatML), and a
+    # reply ends at its end-of-generation token <end_of_turn>, which never shows in the text.
+    question = [{"role": "user", "content": "What is the capital of France?"}]
     with Engine.load(gemma3_path, n_ctx=256, threads=2, warmup=False) as e:
-        assert e.template.is_chatml_fallback and e.tokenizer.token_to_id("<|im_end|>") is None
-        text, events = _text(e.generate([{"role": "user", "content": "What is the capital of "
-                                          "France?"}], temperature=0, max_tokens=120))
+        assert e.template.name == "gemma" and e.template.origin == "vocabulary"
+        assert e.apply_chat_template(question) == \
+            "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n" \
+            "<start_of_turn>model\n"
+        # the starter is a base model that seldom ends a turn by itself: make it end at once
+        end_of_turn = e.tokenizer.token_to_id("<end_of_turn>")
+        text, events = _text(e.generate(question, temperature=0, max_tokens=20,
+                                        logit_bias={end_of_turn: 100.0}))
+        assert events[-1].finish_reason == "eog" and events[-1].n_generated == 1 and text == ""
+        # In ChatML, as llama.cpp 0.6.0 speaks to it, the model can only write <|im_end|> as
+        # text (no such token in its vocabulary): the engine stops there
+        e.set_chat_template("chatml")
+        assert e.tokenizer.token_to_id("<|im_end|>") is None
+        text, events = _text(e.generate(question, temperature=0, max_tokens=120))
         assert events[-1].finish_reason == "stop" and "<|im_end|>" not in text
         assert events[-1].n_generated < 120
+
+
+def test_a_broken_template_does_not_stop_the_model(smollm2_path):
+    broken = "{% for m in messages %}{{ m.content"
+    with Engine.load(smollm2_path, n_ctx=64, threads=2, warmup=False,
+                     chat_template=broken) as e:
+        text, events = _text(e.generate("The capital of France is", temperature=0,
+                                        max_tokens=3))
+        assert events[-1].n_generated == 3
+        with pytest.raises(ChatTemplateError, match="does not compile"):
+            list(e.generate([{"role": "user", "content": "Hi"}], max_tokens=3))
+        e.set_chat_template(None)  # back to the model's own
+        assert e.apply_chat_template([{"role": "user", "content": "Hi"}]).endswith(
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
