@@ -1,4 +1,5 @@
-"""The llamatui engine. Front-ends use `Engine`; the rest is for tools and tests.
+"""The llamatui engine. Front-ends use `Engine` (and a server its `Scheduler`, with the request
+types below); the rest is for tools and tests.
 
 Names are imported on first use so that light tools (inspect, tokenize) don't load the kernels.
 """
@@ -8,6 +9,10 @@ _EXPORTS = {
     "Engine": "engine", "ContextFullError": "engine", "GenerationEvent": "engine",
     "ModelInfo": "engine", "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf",
     "CHAT_TEMPLATE_NAMES": "chat_templates_builtin", "ChatTemplateError": "chat_template",
+    "EngineBusyError": "engine", "EngineClosedError": "engine", "Scheduler": "scheduler",
+    "SamplingParams": "sampling", "QueueFullError": "scheduler",
+    "NonFiniteLogitsError": "scheduler", "ModelMetadataError": "hparams",
+    "InsufficientMemoryError": "memory", "UnsupportedArchitectureError": "catalog",
 }
 __all__ = list(_EXPORTS)
 

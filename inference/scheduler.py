@@ -1,0 +1,550 @@
+"""Continuous batching over parallel slots: llama-server's slot loop (tools/server/server.cpp,
+`update_slots`) with vLLM's interface (`add_request`, `schedule`, `update_from_output`).
+
+    sched = Scheduler(model, tokenizer, n_slots=4)
+    req = sched.add_request(prompt_ids, SamplingParams(...), emit=queue.put)
+    while sched.has_work():
+        sched.step()            # schedule → model.decode (one ragged batch) → update_from_output
+
+Each slot owns one sequence of the unified KV cache (sequence id = slot id) and at most
+`n_ctx_slot` = n_ctx / n_slots of its cells, so slots never starve each other. A step builds ONE
+`Batch`: the next token of every generating slot, then chunks of waiting prompts up to `n_batch`
+tokens; the model decodes it once, and every slot that asked for logits samples with its own
+sampler (seed, penalties, stop strings, UTF-8 hold-back) and emits a `GenerationEvent` to its
+request's `emit` callback (from the thread that steps; the callback must be quick and thread-safe).
+
+- A new request goes to the idle slot whose cached tokens share the longest prefix with its prompt
+  (when at least `SLOT_SIMILARITY` of the prompt matches; else the least recently used idle slot),
+  and reuses that prefix (`n_reused`, llama-server's `cached_tokens`).
+- A slot whose sequence reaches its context shifts it (llama.cpp's context shift: keep BOS and
+  `n_keep` tokens, discard half of the rest) or, with context_policy "error", finishes with
+  "context_full".
+- `cancel(request)` from any thread: a queued request ends at once, a prefilling or generating one
+  at the next step; either way its slot is free again.
+
+Who steps: a server runs `serve_forever` in one engine thread; `Engine.generate` drives steps
+from its caller's thread when no such loop runs (`step_if_free`). Decoding runs in numba's nogil
+kernels, so other Python threads (an event loop) keep running meanwhile.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import Batch
+from .sampling import Sampler, SamplingParams, StopStringMatcher
+
+__all__ = ["ContextFullError", "GenerationEvent", "NonFiniteLogitsError", "QueueFullError",
+           "Request", "Scheduler", "SlotState"]
+
+SLOT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity
+CONTEXT_POLICIES = ("error", "shift")
+
+
+class ContextFullError(ValueError):
+    """The prompt (or the conversation) does not fit in the context window."""
+
+    def __init__(self, message: str, n_prompt: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
+
+
+class QueueFullError(RuntimeError):
+    """Every slot is busy and the queue of waiting requests is full."""
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model produced NaN or infinite logits: its weights or metadata are broken."""
+
+
+@dataclass
+class GenerationEvent:
+    """One step of a generation.
+
+    kind: "prompt" (the prompt was processed: n_prompt, n_reused, prompt_tps are set),
+          "token" (text is the new piece, may be "" while a multi-byte character or a possible
+          stop string is held back), or "done" (finish_reason is set; text is any held-back rest;
+          `error` holds the message when finish_reason is "error").
+    """
+    kind: str
+    text: str = ""
+    token_id: int | None = None
+    n_prompt: int = 0
+    n_reused: int = 0  # prompt tokens found already in the KV cache
+    n_prompt_dropped: int = 0  # prompt tokens cut to fit the context
+    n_generated: int = 0
+    prompt_tps: float = 0.0
+    gen_tps: float = 0.0
+    time_to_first_token: float = 0.0
+    kv_used: int = 0
+    kv_total: int = 0
+    finish_reason: str | None = None  # "stop", "eog", "length", "cancelled", "context_full", "error"
+    logprob: float | None = None  # of token_id, when the request asked for n_probs
+    top_logprobs: list = field(default_factory=list)  # [(token id, logprob)], most likely first
+    error: str | None = None
+    slot: int = -1
+
+
+class SlotState:
+    IDLE = "idle"
+    PROMPT = "processing prompt"
+    GENERATING = "generating"
+
+
+_ids = itertools.count(1)
+
+
+class Request:
+    """One completion in the scheduler. Made by `Scheduler.add_request`; `cancel()` from any
+    thread; `done` once its last event was emitted."""
+
+    def __init__(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
+                 n_probs: int = 0, cache_prompt: bool = True, n_dropped: int = 0):
+        self.id = next(_ids)
+        self.prompt = list(prompt)
+        self.params = params
+        self.emit = emit
+        self.n_probs = int(n_probs)
+        self.cache_prompt = bool(cache_prompt)
+        self.n_dropped = n_dropped
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.exception: BaseException | None = None  # what ended it, when finish_reason is "error"
+        self.slot: int | None = None
+        self.t_queued = time.perf_counter()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Slot:
+    """llama-server's server_slot: a sequence of the cache, the tokens in it, and the request it
+    serves (None when idle)."""
+
+    def __init__(self, slot_id: int, n_ctx: int):
+        self.id = slot_id
+        self.n_ctx = n_ctx
+        self.tokens: list[int] = []  # what the cache holds for this slot's sequence
+        self.request: Request | None = None
+        self.state = SlotState.IDLE
+        self.t_last_used = 0.0
+        self._reset_request_state()
+
+    def _reset_request_state(self) -> None:
+        self.sampler = self.decoder = self.stops = None
+        self.prompt_pos = 0  # next prompt token to feed
+        self.n_reused = 0
+        self.n_generated = 0
+        self.pending: int | None = None  # sampled, not yet in the cache
+        self.t_start = self.t_prompt_done = self.ttft = 0.0
+        self.prompt_tps = 0.0
+
+    def info(self) -> dict:
+        """What /slots shows (no prompt text)."""
+        r = self.request
+        elapsed = time.perf_counter() - self.t_prompt_done if self.t_prompt_done else 0.0
+        return {"id": self.id, "state": self.state, "n_ctx": self.n_ctx,
+                "n_cached": len(self.tokens), "request_id": r.id if r else None,
+                "n_prompt": len(r.prompt) if r else 0, "n_reused": self.n_reused,
+                "n_generated": self.n_generated, "prompt_tps": self.prompt_tps,
+                "gen_tps": self.n_generated / elapsed if r and elapsed > 0 else 0.0}
+
+
+class Scheduler:
+    """Slots over one model; see the module docstring."""
+
+    def __init__(self, model, tokenizer, n_slots: int = 1, n_batch: int | None = None,
+                 context_policy: str = "shift", n_keep: int = 0, max_queue: int | None = None):
+        if context_policy not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
+                             f"not {context_policy!r}")
+        if not 1 <= n_slots <= model.kv.n_seq_max:
+            raise ValueError(f"{n_slots} slots for a cache of {model.kv.n_seq_max} sequences")
+        self.model = model
+        self.tokenizer = tokenizer
+        n_ctx_slot = model.n_ctx // n_slots
+        if n_ctx_slot < 2:
+            raise ValueError(f"a context of {model.n_ctx} tokens leaves {n_ctx_slot} per slot "
+                             f"for {n_slots} slots; each needs at least 2")
+        self.slots = [Slot(i, n_ctx_slot) for i in range(n_slots)]
+        self.n_batch = int(n_batch or max(model.n_ubatch, 512))
+        self.context_policy = context_policy
+        self.n_keep = int(n_keep)
+        self.max_queue = max_queue
+        self.queue: deque[Request] = deque()
+        self._lock = threading.RLock()  # slots and queue
+        self._step_lock = threading.Lock()  # one decode at a time
+        self._work = threading.Condition(self._lock)
+        self.serving = False
+        self.stats = {"n_prompt_tokens": 0, "t_prompt": 0.0, "n_generated_tokens": 0,
+                      "t_generation": 0.0, "n_decode": 0, "n_requests": 0}
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def n_ctx_slot(self) -> int:
+        return self.slots[0].n_ctx
+
+    def fit_prompt(self, ids: list[int]) -> list[int]:
+        """The prompt cut llama.cpp-style to fit a slot: keep BOS and n_keep tokens, drop whole
+        blocks of half the rest, and at most n_ctx_slot - 1 tokens remain (one cell for the
+        first generated token)."""
+        n_ctx = self.n_ctx_slot
+        if len(ids) < n_ctx:
+            return ids
+        n_keep = min(self._n_keep(len(ids)), n_ctx - 4)
+        block = max(1, (n_ctx - n_keep) // 2)
+        erased = (len(ids) - n_keep - block) // block
+        kept = ids[:n_keep] + ids[n_keep + erased * block:]
+        return kept[:n_keep] + kept[n_keep:][-(n_ctx - 1 - n_keep):] if len(kept) >= n_ctx \
+            else kept
+
+    def _n_keep(self, n_past: int) -> int:
+        """Tokens a shift keeps: n_keep (-1: all of the prompt... here all but what must go) plus
+        BOS when the model adds one, as llama-server (`n_keep + add_bos_token`)."""
+        n_keep = n_past if self.n_keep < 0 else self.n_keep
+        return n_keep + (1 if self.tokenizer.add_bos and self.n_keep >= 0 else 0)
+
+    def add_request(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
+                    *, n_probs: int = 0, cache_prompt: bool = True, truncate: bool = True,
+                    wait: bool = True) -> Request:
+        """Queues a completion of `prompt` (token ids). A prompt that does not fit a slot is cut
+        (truncate) or refused with ContextFullError; with `wait` False a request that finds every
+        slot busy is refused with QueueFullError; past `max_queue` waiting requests too."""
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        n_vocab = self.model.n_vocab
+        if min(ids) < 0 or max(ids) >= n_vocab:
+            raise ValueError(f"a prompt token id is outside the vocabulary [0, {n_vocab})")
+        n_given = len(ids)
+        if n_given >= self.n_ctx_slot:
+            if not truncate or self.context_policy == "error":
+                raise ContextFullError(
+                    f"the prompt is {n_given} tokens but the context holds {self.n_ctx_slot}; "
+                    f"shorten it or use a larger context", n_given, self.n_ctx_slot)
+            ids = self.fit_prompt(ids)
+        Sampler(params, n_vocab)  # checks logit_bias against the vocabulary now, not mid-step
+        req = Request(ids, params, emit, n_probs, cache_prompt, n_given - len(ids))
+        with self._lock:
+            busy = all(s.request is not None for s in self.slots)
+            if busy and not wait:
+                raise QueueFullError("every slot is busy")
+            if self.max_queue is not None and busy and len(self.queue) >= self.max_queue:
+                raise QueueFullError(f"every slot is busy and {len(self.queue)} requests wait "
+                                     f"(--max-queue {self.max_queue})")
+            self.queue.append(req)
+            self.stats["n_requests"] += 1
+            self._work.notify_all()
+        return req
+
+    def cancel(self, request: Request) -> None:
+        request.cancel()
+        with self._lock:
+            self._work.notify_all()
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.queue) or any(s.request is not None for s in self.slots)
+
+    def slots_info(self) -> list[dict]:
+        with self._lock:
+            return [s.info() for s in self.slots]
+
+    def n_queued(self) -> int:
+        with self._lock:
+            return len(self.queue)
+
+    # ------------------------------------------------------------------ stepping
+
+    def step_if_free(self) -> bool:
+        """One step, unless another thread is stepping (or a serve loop runs): then False."""
+        if self.serving or not self._step_lock.acquire(blocking=False):
+            return False
+        try:
+            self.step()
+        finally:
+            self._step_lock.release()
+        return True
+
+    def serve_forever(self, stop: threading.Event, idle_wait: float = 0.5) -> None:
+        """The engine thread of a server: steps while there is work, sleeps when there is none,
+        until `stop` is set."""
+        self.serving = True
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    if not self._has_work_locked():
+                        self._work.wait(idle_wait)
+                        continue
+                with self._step_lock:
+                    self.step()
+        finally:
+            self.serving = False
+
+    def wake(self) -> None:
+        with self._lock:
+            self._work.notify_all()
+
+    def _has_work_locked(self) -> bool:
+        return bool(self.queue) or any(s.request is not None for s in self.slots)
+
+    def step(self) -> None:
+        """schedule → decode → update_from_output, once."""
+        with self._lock:
+            self._drop_cancelled()
+            self._admit()
+            batch, outputs = self.schedule()
+        if batch is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            logits = self.model.decode(batch)
+        except Exception as e:  # noqa: BLE001 - every request in the batch ends with the error
+            with self._lock:
+                for slot in self._slots_in(batch):
+                    self._rollback(slot, batch)
+                    self._fail(slot, e)
+            return
+        with self._lock:
+            self.stats["n_decode"] += 1
+            self.update_from_output(outputs, logits, time.perf_counter() - t0)
+
+    def _slots_in(self, batch: Batch) -> set:
+        return {self.slots[s[0]] for s in batch.seq_ids}
+
+    def _rollback(self, slot: Slot, batch: Batch) -> None:
+        """Forgets the tokens the failed batch would have put in the slot's cache."""
+        n = sum(1 for s in batch.seq_ids if s[0] == slot.id)
+        del slot.tokens[len(slot.tokens) - n:]
+
+    def _drop_cancelled(self) -> None:
+        for req in [r for r in self.queue if r.cancelled.is_set()]:
+            self.queue.remove(req)
+            req.emit(GenerationEvent("done", n_prompt=len(req.prompt), finish_reason="cancelled",
+                                     kv_used=self.model.kv.used_cells, kv_total=self.model.n_ctx))
+            req.done.set()
+        for slot in self.slots:
+            if slot.request is not None and slot.request.cancelled.is_set():
+                self._finish(slot, "cancelled")
+
+    def _admit(self) -> None:
+        """Queued requests into idle slots (the best prefix match first)."""
+        while self.queue:
+            idle = [s for s in self.slots if s.request is None]
+            if not idle:
+                return
+            req = self.queue.popleft()
+            self._start(self._pick_slot(idle, req.prompt), req)
+
+    @staticmethod
+    def _pick_slot(idle: list[Slot], prompt: list[int]) -> Slot:
+        best, best_len = None, 0
+        for s in idle:
+            n = _common_prefix(s.tokens, prompt)
+            if n > best_len:
+                best, best_len = s, n
+        if best is not None and best_len >= SLOT_SIMILARITY * len(prompt):
+            return best
+        return min(idle, key=lambda s: s.t_last_used)
+
+    def _start(self, slot: Slot, req: Request) -> None:
+        slot._reset_request_state()
+        slot.request, req.slot = req, slot.id
+        reuse = _common_prefix(slot.tokens, req.prompt) if req.cache_prompt else 0
+        reuse = min(reuse, len(req.prompt) - 1)  # the last prompt token is decoded for logits
+        self.model.kv.seq_rm(slot.id, reuse, -1)
+        del slot.tokens[reuse:]
+        slot.prompt_pos = slot.n_reused = reuse
+        slot.sampler = Sampler(req.params, self.model.n_vocab, n_ctx=slot.n_ctx)
+        slot.sampler.accept_many(req.prompt)
+        slot.decoder = self.tokenizer.stream_decoder(unparse_special=False)
+        slot.stops = StopStringMatcher(req.params.stop)
+        slot.state = SlotState.PROMPT
+        slot.t_start = time.perf_counter()
+
+    def schedule(self) -> tuple[Batch | None, list[tuple[Slot, int]]]:
+        """The next batch: every generating slot's pending token, then prompt chunks up to
+        n_batch tokens. Returns (batch, [(slot, output row)]) — None when there is nothing."""
+        tokens, pos, seqs, want = [], [], [], []
+        outputs: list[tuple[Slot, int]] = []
+
+        def add(slot: Slot, token: int, logits: bool) -> None:
+            tokens.append(token)
+            pos.append(len(slot.tokens))
+            seqs.append(slot.id)
+            want.append(logits)
+            slot.tokens.append(token)
+            if logits:
+                outputs.append((slot, len(outputs)))
+
+        for slot in self.slots:
+            if slot.state == SlotState.GENERATING and slot.pending is not None:
+                if len(slot.tokens) >= slot.n_ctx and not self._make_room(slot):
+                    continue
+                add(slot, slot.pending, True)
+                slot.pending = None
+        for slot in self.slots:
+            if slot.state != SlotState.PROMPT:
+                continue
+            prompt = slot.request.prompt
+            n = min(len(prompt) - slot.prompt_pos, self.n_batch - len(tokens))
+            for i in range(slot.prompt_pos, slot.prompt_pos + n):
+                add(slot, prompt[i], i == len(prompt) - 1)
+            slot.prompt_pos += max(n, 0)
+            if len(tokens) >= self.n_batch:
+                break
+        if not tokens:
+            return None, []
+        return Batch(tokens, pos=pos, seq_ids=seqs, logits=want), outputs
+
+    def _make_room(self, slot: Slot) -> bool:
+        """A full slot: shift its context (True) or finish it (False)."""
+        if self.context_policy == "error":
+            self._finish(slot, "context_full")
+            return False
+        n_past = len(slot.tokens)
+        n_keep = min(self._n_keep(n_past), n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        kv = self.model.kv
+        kv.seq_rm(slot.id, n_keep, n_keep + n_discard)
+        kv.seq_add(slot.id, n_keep + n_discard, n_past, -n_discard)
+        del slot.tokens[n_keep:n_keep + n_discard]
+        return True
+
+    def update_from_output(self, outputs: list[tuple[Slot, int]], logits: np.ndarray,
+                           t_decode: float) -> None:
+        """Samples the next token of every slot that got logits and emits its events."""
+        now = time.perf_counter()
+        for slot, row in outputs:
+            req = slot.request
+            if req is None:
+                continue
+            if slot.state == SlotState.PROMPT:
+                self._prompt_done(slot, now)
+            try:
+                self._sample(slot, logits[row], now)
+            except Exception as e:  # noqa: BLE001 - a broken model ends its request, not the loop
+                self._fail(slot, e)
+        n_gen = sum(1 for s, _ in outputs if s.state == SlotState.GENERATING)
+        self.stats["t_generation"] += t_decode if n_gen else 0.0
+
+    def _prompt_done(self, slot: Slot, now: float) -> None:
+        req = slot.request
+        slot.state = SlotState.GENERATING
+        slot.t_prompt_done = now
+        n_new = len(req.prompt) - slot.n_reused
+        elapsed = now - slot.t_start
+        slot.prompt_tps = n_new / elapsed if elapsed > 0 else 0.0
+        self.stats["n_prompt_tokens"] += n_new
+        self.stats["t_prompt"] += elapsed
+        req.emit(self._event(slot, "prompt"))
+
+    def _sample(self, slot: Slot, row: np.ndarray, now: float) -> None:
+        req = slot.request
+        if not np.isfinite(row).all():
+            raise NonFiniteLogitsError(
+                "the model produced non-finite logits (NaN or infinity): its weights or "
+                "metadata are broken")
+        token = slot.sampler.sample(row)
+        slot.sampler.accept(token)
+        slot.n_generated += 1
+        self.stats["n_generated_tokens"] += 1
+        if slot.n_generated == 1:
+            slot.ttft = now - req.t_queued
+        if self.tokenizer.is_eog(token):
+            self._finish(slot, "eog")
+            return
+        text, stopped = slot.stops.feed(slot.decoder.feed(token))
+        event = self._event(slot, "token", text=text, token_id=token)
+        if req.n_probs:
+            event.logprob, event.top_logprobs = _logprobs(row, token, req.n_probs)
+        req.emit(event)
+        if stopped:
+            self._finish(slot, "stop")
+        elif req.params.max_tokens is not None and slot.n_generated >= req.params.max_tokens:
+            self._finish(slot, "length")
+        else:
+            slot.pending = token
+
+    def _event(self, slot: Slot, kind: str, **fields) -> GenerationEvent:
+        req = slot.request
+        elapsed = time.perf_counter() - slot.t_prompt_done if slot.t_prompt_done else 0.0
+        return GenerationEvent(
+            kind, n_prompt=len(req.prompt), n_reused=slot.n_reused,
+            n_prompt_dropped=req.n_dropped, n_generated=slot.n_generated,
+            prompt_tps=slot.prompt_tps, gen_tps=slot.n_generated / elapsed if elapsed > 0 else 0.0,
+            time_to_first_token=slot.ttft, kv_used=self.model.kv.used_cells,
+            kv_total=self.model.n_ctx, slot=slot.id, **fields)
+
+    def _fail(self, slot: Slot, e: BaseException) -> None:
+        if slot.request is not None:
+            slot.request.exception = e
+        self._finish(slot, "error", error=str(e) or type(e).__name__)
+
+    def reap(self) -> None:
+        """Ends cancelled requests now, without decoding (frees their slots)."""
+        with self._lock:
+            self._drop_cancelled()
+
+    def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
+        req = slot.request
+        if req is None:
+            return
+        rest = ""
+        if reason not in ("stop", "error") and slot.decoder is not None:
+            rest = slot.stops.feed(slot.decoder.flush())[0] + slot.stops.flush()
+        event = self._event(slot, "done", text=rest, finish_reason=reason, error=error)
+        slot.request, slot.pending = None, None
+        slot.state = SlotState.IDLE
+        slot.t_last_used = time.perf_counter()
+        req.emit(event)
+        req.done.set()
+
+    # ------------------------------------------------------------------ direct use of a slot
+
+    def claim_sequence(self, slot_id: int = 0, force: bool = False):
+        """A context manager for tools that drive a slot's sequence themselves (perplexity,
+        benchmarks, Engine.logits): holds the step lock; the slot must be idle (unless force)."""
+        return _Claim(self, slot_id, force)
+
+
+class _Claim:
+    def __init__(self, sched: Scheduler, slot_id: int, force: bool):
+        self.sched, self.slot, self.force = sched, sched.slots[slot_id], force
+
+    def __enter__(self) -> Slot:
+        self.sched._step_lock.acquire()
+        if self.slot.request is not None and not self.force:
+            self.sched._step_lock.release()
+            raise RuntimeError("the engine is busy generating; stop the generation first")
+        return self.slot
+
+    def __exit__(self, *exc):
+        self.sched._step_lock.release()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _logprobs(row: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """log-softmax of the raw logits: the chosen token's and the n most likely (OpenAI's
+    logprobs, llama-server's n_probs without post-sampling)."""
+    x = row.astype(np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    n = min(n, x.size)
+    top = np.argpartition(-x, n - 1)[:n]
+    top = top[np.argsort(-x[top], kind="stable")]
+    return float(x[token] - lse), [(int(i), float(x[i] - lse)) for i in top]
