@@ -300,9 +300,10 @@ class Engine:
         if end_text:
             sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}
         params = _sampling_params(sampling)
-        ids = self.fit_prompt(self.prompt_tokens(prompt_or_messages))
+        ids = self.prompt_tokens(prompt_or_messages)
         if not ids:
             raise ValueError("the prompt is empty")
+        self.fit_prompt(ids)  # an oversized prompt under context policy "error" fails here
         return self._stream(ids, params)
 
     def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:

@@ -1,0 +1,197 @@
+"""Small synthetic GGUF models of every family, for checking each architecture against llama.cpp
+without real weights.
+
+Each recipe writes a model with the family's real tensor names and metadata, a few layers and
+seeded random weights scaled so that activations stay lively (matrices ~ N(0, 1/n_in), norms near
+1, embeddings ~ N(0, 1), logits ~ N(0, 1): llama.cpp rounds activations to 8 bits before every
+quantized product, and larger logits magnify that rounding in the log-probabilities — 0.025 nats
+on average at twice the scale — which would measure llama.cpp's rounding, not our forward pass),
+in one of several weight types: F16, Q8_0, Q4_K, Q6_K (every matrix of
+that type, norms and biases F32). The files are not committed: the same seed writes the same bytes
+(the sha256 is recorded with the reference), and `record_synthetic_logits.py` recorded llama.cpp's
+log-probabilities at every position of `TOKENS` for each into tests/golden/synthetic_logits.json.
+
+    path = write_model("llama", "Q4_K", tmp_dir)      # a GGUF file, deterministic
+
+Adding a family: a function `recipe_<name>(rng) -> Recipe` registered in RECIPES (below), then
+`python tests/record_synthetic_logits.py <name>` with llama-cpp-python installed.
+"""
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llamatui.inference.gguf import GGUFValueType, GGUFWriter, ValueType
+
+N_VOCAB = 512
+TYPES = ("F16", "Q8_0", "Q4_K", "Q6_K")
+# the token sequence every model is evaluated on: 80 positions, all logits compared
+TOKENS = [int(t) for t in np.random.default_rng(1234).integers(3, N_VOCAB, 80)]
+
+
+@dataclass
+class Recipe:
+    """A synthetic model: `general.architecture`, its metadata (beyond the tokenizer's), and its
+    tensors as float32 arrays in numpy order ((n_out, n_in) for matrices)."""
+    arch: str
+    metadata: dict
+    tensors: dict[str, np.ndarray]
+    # tensors kept F32 whatever the type (norms, biases, and what a family wants exact)
+    keep_f32: set = field(default_factory=set)
+
+
+def matrix(rng, n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal((n_out, n_in)) * gain / np.sqrt(n_in)).astype(np.float32)
+
+
+def norm(rng, n: int) -> np.ndarray:
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def bias(rng, n: int) -> np.ndarray:
+    return (0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def embeddings(rng, n_vocab: int, n_embd: int) -> np.ndarray:
+    return rng.standard_normal((n_vocab, n_embd)).astype(np.float32)
+
+
+def decoder_metadata(arch: str, *, n_layer: int, n_embd: int, n_ff: int, n_head: int,
+                     n_head_kv: int, head_dim: int | None = None, ctx: int = 4096,
+                     rope_base: float = 10000.0, eps: float = 1e-6, **extra) -> dict:
+    """The `{arch}.*` keys every decoder has, plus `extra` ({key without prefix: value})."""
+    md = {
+        "context_length": ctx, "embedding_length": n_embd, "block_count": n_layer,
+        "feed_forward_length": n_ff, "attention.head_count": n_head,
+        "attention.head_count_kv": n_head_kv, "rope.freq_base": float(rope_base),
+        "attention.layer_norm_rms_epsilon": float(eps),
+    }
+    if head_dim is not None:
+        md["attention.key_length"] = md["attention.value_length"] = head_dim
+    md.update(extra)
+    return {f"{arch}.{k}": v for k, v in md.items()}
+
+
+def llama_layers(rng, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
+                 head_dim: int, qkv_bias: bool = False) -> dict[str, np.ndarray]:
+    """The tensors of llama-shaped layers (attention + gated FFN, pre-norms)."""
+    t = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "attn_norm.weight"] = norm(rng, n_embd)
+        t[p + "attn_q.weight"] = matrix(rng, n_head * head_dim, n_embd)
+        t[p + "attn_k.weight"] = matrix(rng, n_head_kv * head_dim, n_embd)
+        t[p + "attn_v.weight"] = matrix(rng, n_head_kv * head_dim, n_embd)
+        t[p + "attn_output.weight"] = matrix(rng, n_embd, n_head * head_dim)
+        if qkv_bias:
+            t[p + "attn_q.bias"] = bias(rng, n_head * head_dim)
+            t[p + "attn_k.bias"] = bias(rng, n_head_kv * head_dim)
+            t[p + "attn_v.bias"] = bias(rng, n_head_kv * head_dim)
+        t[p + "ffn_norm.weight"] = norm(rng, n_embd)
+        t[p + "ffn_gate.weight"] = matrix(rng, n_ff, n_embd)
+        t[p + "ffn_up.weight"] = matrix(rng, n_ff, n_embd)
+        t[p + "ffn_down.weight"] = matrix(rng, n_embd, n_ff)
+    return t
+
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def recipe_llama(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **llama_layers(rng, head_dim=64, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    md = decoder_metadata("llama", rope_base=500000.0, eps=1e-5, **shape,
+                          **{"rope.dimension_count": 64})
+    return Recipe("llama", md, t)
+
+
+def recipe_gemma3(rng) -> Recipe:
+    shape = dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=1)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256) / 16}
+    t.update(llama_layers(rng, head_dim=128, **shape))
+    for il in range(shape["n_layer"]):
+        p = f"blk.{il}."
+        t[p + "attn_q_norm.weight"] = norm(rng, 128)
+        t[p + "attn_k_norm.weight"] = norm(rng, 128)
+        t[p + "post_attention_norm.weight"] = norm(rng, 256)
+        t[p + "post_ffw_norm.weight"] = norm(rng, 256)
+    t["output_norm.weight"] = norm(rng, 256)
+    md = decoder_metadata("gemma3", head_dim=128, rope_base=1e6, **shape,
+                          **{"attention.sliding_window": 8,
+                             "attention.sliding_window_pattern": 2})
+    return Recipe("gemma3", md, t)
+
+
+RECIPES = {
+    "llama": recipe_llama,
+    "gemma3": recipe_gemma3,
+}
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _tokenizer_metadata() -> list[tuple[str, object, object]]:
+    """A tiny GPT-2-style vocabulary llama.cpp accepts: BOS/EOS and N_VOCAB - 2 plain tokens."""
+    tokens = ["<s>", "</s>"] + [f"t{i}" for i in range(2, N_VOCAB)]
+    string_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.STRING))
+    int_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.INT32))
+    return [
+        ("tokenizer.ggml.model", "gpt2", None),
+        ("tokenizer.ggml.pre", "default", None),
+        ("tokenizer.ggml.tokens", tokens, string_array),
+        ("tokenizer.ggml.token_type", [3, 3] + [1] * (N_VOCAB - 2), int_array),
+        ("tokenizer.ggml.merges", [], string_array),
+        ("tokenizer.ggml.bos_token_id", 0, GGUFValueType.UINT32),
+        ("tokenizer.ggml.eos_token_id", 1, GGUFValueType.UINT32),
+        ("tokenizer.ggml.add_bos_token", False, None),
+    ]
+
+
+def _typed(value):
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, int):
+        return GGUFValueType.UINT32 if value >= 0 else GGUFValueType.INT32
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    return None
+
+
+def write_model(family: str, type_name: str, directory) -> pathlib.Path:
+    """Writes `<family>-<type>.gguf` into `directory` (deterministic bytes); returns its path."""
+    from llamatui.quantizer.rows import quantize
+    recipe = RECIPES[family](np.random.default_rng(_seed(family)))
+    path = pathlib.Path(directory) / f"{family}-{type_name}.gguf"
+    w = GGUFWriter(path)
+    w.add("general.architecture", recipe.arch)
+    w.add("general.name", f"synthetic {family} {type_name}")
+    for key, value, vtype in _tokenizer_metadata():
+        w.add(key, value, vtype)
+    for key, value in recipe.metadata.items():
+        w.add(key, value, _typed(value))
+    for name, array in recipe.tensors.items():
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if array.ndim == 1 or name in recipe.keep_f32:
+            w.add_tensor(name, "F32", array.shape, array)
+        elif type_name == "F16":
+            w.add_tensor(name, "F16", array.shape, array.astype(np.float16))
+        else:
+            rows = array.reshape(-1, array.shape[-1])
+            w.add_tensor(name, type_name, array.shape, quantize(type_name, rows))
+    w.write()
+    return path
+
+
+def _seed(family: str) -> int:
+    return int.from_bytes(hashlib.sha256(family.encode()).digest()[:4], "little")
+
+
+def sha256_of(path) -> str:
+    return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
