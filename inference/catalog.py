@@ -187,6 +187,10 @@ class Arch:
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", "llama", "Llama"),
     Arch("gemma3", "gemma3", "Gemma 3", rope="neox", swa_pattern=6, rope_base_swa=10000.0),
+    Arch("qwen2", "qwen2", "Qwen 2", rope="neox"),
+    Arch("qwen3", "qwen3", "Qwen 3", rope="neox"),
+    Arch("qwen2moe", "qwen2moe", "Qwen 2 MoE", rope="neox"),
+    Arch("qwen3moe", "qwen3moe", "Qwen 3 MoE", rope="neox"),
 )}
 
 

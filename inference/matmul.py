@@ -1,6 +1,7 @@
 """Matrix products against ggml-quantized weights, computed on the GGUF bytes in place.
 
     matmul(type_name, weight, x)             -> x @ W.T        float32 (n_tokens, out_features)
+    matmul_id(type_name, experts, x, ids)    -> x @ W[ids].T   float32 (n_tokens, n_used, out)
     embedding_rows(type_name, weight, ids)   -> W[ids]         float32 (len(ids), in_features)
     supported_matmul_types()                 -> the ggml type names both accept
 
@@ -29,6 +30,13 @@ Two paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `mat
   which streams the weights once per token.
 
 F32 weights are used in place on both paths (the GEMM reads them as they are).
+
+`matmul_id` is ggml_mul_mat_id, a mixture of experts' product: a 3-D tensor holds every expert's
+matrix and each token is multiplied by the few its router chose. It reads only the chosen
+experts: the pairs of experts few tokens chose (all of them when decoding) go through one launch
+of the fused decode kernel over those experts' rows, and an expert chosen by more tokens takes
+them gathered through the prompt path above, one product per expert (as ggml's CPU mul_mat_id
+groups a batch's rows by expert).
 """
 from __future__ import annotations
 
@@ -41,7 +49,7 @@ from .catalog import GGML_TYPES
 from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
 from .matmul_simd import HAS_AVX512_BF16
 
-__all__ = ["matmul", "embedding_rows", "supported_matmul_types",
+__all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types",
            "DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES", "PARALLEL_MIN_FLOPS",
            "PARALLEL_MIN_VALUES"]
 
@@ -184,6 +192,56 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     else:
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm(x, tile, out, r0))
     return out[0] if squeeze else out
+
+
+def matmul_id(type_name: str, experts: np.ndarray, x: np.ndarray, ids) -> np.ndarray:
+    """x times the matrices of the experts `ids` chose (ggml_mul_mat_id): float32
+    (n_tokens, n_used, out_features).
+
+    experts: uint8 (n_expert, out_features, row_bytes), each expert's rows of `type_name` blocks
+    one after the other (a 3-D GGUF tensor such as ffn_up_exps), C-contiguous.
+    ids: integers (n_tokens, n_used), the experts of each token.
+    x: float32 (n_tokens, in_features), one input for all of a token's experts, or
+    (n_tokens, n_used, in_features), one per expert (the down projection's).
+    """
+    if not isinstance(experts, np.ndarray) or experts.ndim != 3:
+        raise TypeError(f"{type_name} experts must be a 3-D uint8 array (n_expert, out_features, "
+                        f"row_bytes), got shape {getattr(experts, 'shape', type(experts))}")
+    n_expert, n_out, row_bytes = experts.shape
+    w, k = _weight(type_name, experts.reshape(n_expert * n_out, row_bytes))
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"matmul_id: expert ids must be integers (n_tokens, n_used), got "
+                        f"{ids.dtype} {ids.shape}")
+    n, n_used = ids.shape
+    flat = np.array(ids.reshape(-1), dtype=np.int64)  # private, writable: one specialization
+    if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
+        raise IndexError(f"matmul_id: expert id out of range [0, {n_expert})")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape not in ((n, k), (n, n_used, k)):
+        raise ValueError(f"matmul_id: x of shape {x.shape} for {n} tokens of {n_used} experts "
+                         f"with {k} in_features")
+    x_rows = np.arange(n, dtype=np.int64).repeat(n_used) if x.ndim == 2 else \
+        np.arange(n * n_used, dtype=np.int64)
+    x = x.reshape(-1, k)
+    out = np.empty((flat.size, n_out), np.float32)
+    counts = np.bincount(flat, minlength=n_expert)
+    # pairs whose expert few tokens chose: the fused decode kernel (when the format has one)
+    few = DECODE_MAX_TOKENS if type_name in KERNELS and k % 32 == 0 else 0
+    pairs = np.flatnonzero(counts[flat] <= few)
+    if pairs.size:
+        fused = out if pairs.size == flat.size else np.empty((pairs.size, n_out), np.float32)
+        KERNELS[type_name][3](w, x, flat[pairs], x_rows[pairs], fused,
+                              pairs.size * n_out * row_bytes < PARALLEL_MIN_BYTES)
+        if fused is not out:
+            out[pairs] = fused
+    if pairs.size < flat.size:  # the rest: one product per expert, its tokens gathered
+        order = np.argsort(flat, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        for e in np.flatnonzero(counts > few):
+            p = order[starts[e]:starts[e + 1]]
+            out[p] = matmul(type_name, experts[e], x[x_rows[p]])
+    return out.reshape(n, n_used, n_out)
 
 
 def embedding_rows(type_name: str, weight: np.ndarray, token_ids) -> np.ndarray:

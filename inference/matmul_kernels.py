@@ -14,6 +14,9 @@ constants folded and its small loops unrolled) turn these into the kernels at th
 
 - `matvec_<type>(w, x, out, serial)`, decode: out[t, r] = x[t] . W[r], parallel over rows
   (`prange`), each weight row streamed once per token.
+- `matvec_id_<type>(w, x, experts, x_rows, out, serial)`, decode of a mixture of experts: the
+  fused decode kernel over the rows of the selected experts only (ggml_mul_mat_id's few-token
+  case), all (token, expert) pairs in one parallel launch.
 - `rows_<type>(w, rows, out, serial)`: out[i] = W[rows[i]], exact (prefill tiles, embeddings).
 - `gemm_f32(x, wt, out, r0, serial)`: a float32 GEMM for the dequantized tiles (and F32 weights).
 
@@ -102,6 +105,40 @@ def _matvec(w, x, out, serial, dot, BS, TS):
                 xo += BS
                 so += BS // 16
             out[t, r] = vsum(vadd(a0, a1)) + ms
+    if serial:
+        threads_set(threads)
+
+
+@njit(inline="always")
+def _matvec_id(w, x, experts, x_rows, out, serial, dot, BS, TS):
+    """out[i, r] = x[x_rows[i]] . W[experts[i] * n_out + r] for every pair i: `w` holds the
+    experts' matrices one after the other (n_expert * n_out rows), `n_out` = out.shape[1]. Only
+    the selected experts' rows are read; the work is every row of every pair, spread over the
+    threads (unless `serial`)."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    rb = w.shape[1]
+    n_out = out.shape[1]
+    k = x.shape[1]
+    nb = k // BS
+    xs = sums16(x)
+    for job in prange(experts.shape[0] * n_out):
+        i = job // n_out
+        r = job - i * n_out
+        t = ld(x_rows, i)
+        bo = (ld(experts, i) * n_out + r) * rb
+        xo = t * k
+        so = t * (k // 16)
+        a0 = vzero()
+        a1 = vzero()
+        ms = np.float32(0)
+        for _ in range(nb):
+            a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
+            bo += TS
+            xo += BS
+            so += BS // 16
+        out[i, r] = vsum(vadd(a0, a1)) + ms
     if serial:
         threads_set(threads)
 
@@ -667,11 +704,17 @@ def gemm_nn_f32(x, w, c0, out, serial):
 
 # ================================================================== kernels
 # matvec_<T>(w, x, out, serial): out (n_tokens, n_out) = x @ W.T  (parallel over rows)
+# matvec_id_<T>(w, x, experts, x_rows, out, serial): out (n_pairs, n_out), selected experts' rows
 # rows_<T>(w, rows, out, serial): out (len(rows), n_in) = W[rows] (parallel over rows, bit-exact)
 
 @njit(parallel=True, **_JIT)
 def matvec_q4_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_0, 32, 18)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_0, 32, 18)
 
 
 @njit(parallel=True, **_EXACT)
@@ -684,6 +727,11 @@ def matvec_q4_1(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_1, 32, 20)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_1(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_1, 32, 20)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q4_1(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q4_1, 32, 20, 2)
@@ -692,6 +740,11 @@ def rows_q4_1(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q5_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_0, 32, 22)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_0, 32, 22)
 
 
 @njit(parallel=True, **_EXACT)
@@ -704,6 +757,11 @@ def matvec_q5_1(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_1, 32, 24)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_1(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_1, 32, 24)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q5_1(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q5_1, 32, 24, 2)
@@ -712,6 +770,11 @@ def rows_q5_1(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q8_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q8_0, 32, 34)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q8_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q8_0, 32, 34)
 
 
 @njit(parallel=True, **_EXACT)
@@ -724,6 +787,11 @@ def matvec_iq4_nl(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_iq4_nl, 32, 18)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_iq4_nl(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_nl, 32, 18)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_iq4_nl(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_iq4_nl, 32, 18, 2)
@@ -732,6 +800,11 @@ def rows_iq4_nl(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_f16(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_f16, 32, 64)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_f16(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_f16, 32, 64)
 
 
 @njit(parallel=True, **_EXACT)
@@ -744,6 +817,11 @@ def matvec_bf16(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_bf16, 32, 64)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_bf16(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_bf16, 32, 64)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_bf16(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_bf16, 32, 64, 2)
@@ -752,6 +830,11 @@ def rows_bf16(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q2_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q2_k, 256, 84)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q2_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q2_k, 256, 84)
 
 
 @njit(parallel=True, **_EXACT)
@@ -764,6 +847,11 @@ def matvec_q3_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q3_k, 256, 110)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q3_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q3_k, 256, 110)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q3_k(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q3_k, 256, 110, 16)
@@ -772,6 +860,11 @@ def rows_q3_k(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q4_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_k, 256, 144)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_k, 256, 144)
 
 
 @njit(parallel=True, **_EXACT)
@@ -784,6 +877,11 @@ def matvec_q5_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_k, 256, 176)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_k, 256, 176)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q5_k(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q5_k, 256, 176, 16)
@@ -792,6 +890,11 @@ def rows_q5_k(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q6_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q6_k, 256, 210)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q6_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q6_k, 256, 210)
 
 
 @njit(parallel=True, **_EXACT)
@@ -804,25 +907,30 @@ def matvec_iq4_xs(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_iq4_xs, 256, 136)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_iq4_xs(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_xs, 256, 136)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_iq4_xs(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_iq4_xs, 256, 136, 16)
 
 
-# type name -> (block size BS, matvec kernel, rows kernel)
+# type name -> (block size BS, matvec kernel, rows kernel, matvec_id kernel)
 KERNELS = {
-    "Q4_0": (32, matvec_q4_0, rows_q4_0),
-    "Q4_1": (32, matvec_q4_1, rows_q4_1),
-    "Q5_0": (32, matvec_q5_0, rows_q5_0),
-    "Q5_1": (32, matvec_q5_1, rows_q5_1),
-    "Q8_0": (32, matvec_q8_0, rows_q8_0),
-    "IQ4_NL": (32, matvec_iq4_nl, rows_iq4_nl),
-    "F16": (32, matvec_f16, rows_f16),
-    "BF16": (32, matvec_bf16, rows_bf16),
-    "Q2_K": (256, matvec_q2_k, rows_q2_k),
-    "Q3_K": (256, matvec_q3_k, rows_q3_k),
-    "Q4_K": (256, matvec_q4_k, rows_q4_k),
-    "Q5_K": (256, matvec_q5_k, rows_q5_k),
-    "Q6_K": (256, matvec_q6_k, rows_q6_k),
-    "IQ4_XS": (256, matvec_iq4_xs, rows_iq4_xs),
+    "Q4_0": (32, matvec_q4_0, rows_q4_0, matvec_id_q4_0),
+    "Q4_1": (32, matvec_q4_1, rows_q4_1, matvec_id_q4_1),
+    "Q5_0": (32, matvec_q5_0, rows_q5_0, matvec_id_q5_0),
+    "Q5_1": (32, matvec_q5_1, rows_q5_1, matvec_id_q5_1),
+    "Q8_0": (32, matvec_q8_0, rows_q8_0, matvec_id_q8_0),
+    "IQ4_NL": (32, matvec_iq4_nl, rows_iq4_nl, matvec_id_iq4_nl),
+    "F16": (32, matvec_f16, rows_f16, matvec_id_f16),
+    "BF16": (32, matvec_bf16, rows_bf16, matvec_id_bf16),
+    "Q2_K": (256, matvec_q2_k, rows_q2_k, matvec_id_q2_k),
+    "Q3_K": (256, matvec_q3_k, rows_q3_k, matvec_id_q3_k),
+    "Q4_K": (256, matvec_q4_k, rows_q4_k, matvec_id_q4_k),
+    "Q5_K": (256, matvec_q5_k, rows_q5_k, matvec_id_q5_k),
+    "Q6_K": (256, matvec_q6_k, rows_q6_k, matvec_id_q6_k),
+    "IQ4_XS": (256, matvec_iq4_xs, rows_iq4_xs, matvec_id_iq4_xs),
 }
