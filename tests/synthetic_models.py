@@ -235,16 +235,16 @@ RECIPES = {
 # ----------------------------------------------------------------------------- writing
 
 
-def _tokenizer_metadata() -> list[tuple[str, object, object]]:
-    """A tiny GPT-2-style vocabulary llama.cpp accepts: BOS/EOS and N_VOCAB - 2 plain tokens."""
-    tokens = ["<s>", "</s>"] + [f"t{i}" for i in range(2, N_VOCAB)]
+def tokenizer_metadata(n_vocab: int = N_VOCAB) -> list[tuple[str, object, object]]:
+    """A GPT-2-style vocabulary llama.cpp accepts: BOS/EOS and n_vocab - 2 plain tokens."""
+    tokens = ["<s>", "</s>"] + [f"t{i}" for i in range(2, n_vocab)]
     string_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.STRING))
     int_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.INT32))
     return [
         ("tokenizer.ggml.model", "gpt2", None),
         ("tokenizer.ggml.pre", "default", None),
         ("tokenizer.ggml.tokens", tokens, string_array),
-        ("tokenizer.ggml.token_type", [3, 3] + [1] * (N_VOCAB - 2), int_array),
+        ("tokenizer.ggml.token_type", [3, 3] + [1] * (n_vocab - 2), int_array),
         ("tokenizer.ggml.merges", [], string_array),
         ("tokenizer.ggml.bos_token_id", 0, GGUFValueType.UINT32),
         ("tokenizer.ggml.eos_token_id", 1, GGUFValueType.UINT32),
@@ -252,7 +252,7 @@ def _tokenizer_metadata() -> list[tuple[str, object, object]]:
     ]
 
 
-def _typed(value):
+def typed(value):
     if isinstance(value, bool):
         return GGUFValueType.BOOL
     if isinstance(value, int):
@@ -270,10 +270,10 @@ def write_model(family: str, type_name: str, directory) -> pathlib.Path:
     w = GGUFWriter(path)
     w.add("general.architecture", recipe.arch)
     w.add("general.name", f"synthetic {family} {type_name}")
-    for key, value, vtype in _tokenizer_metadata():
+    for key, value, vtype in tokenizer_metadata():
         w.add(key, value, vtype)
     for key, value in recipe.metadata.items():
-        w.add(key, value, _typed(value))
+        w.add(key, value, typed(value))
     for name, array in recipe.tensors.items():
         array = np.ascontiguousarray(array, dtype=np.float32)
         if array.ndim == 1 or name in recipe.keep_f32:
