@@ -10,6 +10,10 @@ architecture code changing.
 
 `CPUBackend` runs on numpy/numba: quantized matrix products through `llamatui.inference.matmul`
 (K-quant and legacy kernels working on the GGUF bytes in place), the rest through `ops`.
+
+Mixture-of-experts layers add three methods: `experts` prepares a 3-D tensor of expert matrices,
+`matmul_id` multiplies each token by the experts its router chose (ggml_mul_mat_id: only their
+rows are read), and `weighted_sum` adds the experts' outputs with the router's weights.
 """
 from __future__ import annotations
 

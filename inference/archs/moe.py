@@ -55,7 +55,8 @@ class MoETransformer(Transformer):
         # llama.cpp's defaults: n_ff / n_expert_used per expert, n_ff for the shared one
         hp.n_ff_exp = hp.n_ff_exp or hp.n_ff // hp.n_expert_used
         if hp.n_ff_exp <= 0:
-            raise ModelMetadataError(f"GGUF metadata lacks {meta.key('expert_feed_forward_length')}")
+            raise ModelMetadataError(
+                f"GGUF metadata lacks {meta.key('expert_feed_forward_length')}")
         if self.shared_expert:
             hp.n_ff_shexp = hp.n_ff_shexp or hp.n_ff
             if hp.n_ff_shexp <= 0:

@@ -1,6 +1,6 @@
 """`qwen3moe`: Qwen 3 MoE (Qwen3-30B-A3B, Qwen3-235B-A22B; llama.cpp's src/models/qwen3moe.cpp).
 
-    per layer:  h = x + wo · attn(...)                      (Qwen 3's attention, per-head Q/K norms)
+    per layer:  h = x + wo · attn(...)                  (Qwen 3's attention, per-head Q/K norms)
                 x = h + moe(norm(h))
 
 moe: softmax router, the top expert_used_count experts, their weights divided by their sum
