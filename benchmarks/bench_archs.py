@@ -1,7 +1,7 @@
 """Decode (tg128) and prompt (pp512) speed of the Qwen families on synthetic models of real shapes:
 llamatui against llama.cpp (llama-cpp-python, when installed) on the same files in the same run.
 
-    python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2]
+    python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2] [--cpu]
                                      [--models qwen2.5-0.5b qwen3-30b-a3b-6l] [--cache DIR]
 
 - qwen2.5-0.5b: Qwen2.5-0.5B's shape (24 layers, 896 wide, 14 query / 2 KV heads of 64, FFN
@@ -21,13 +21,17 @@ distinct weights). The files are written once into the cache folder (default
 Targets: dense tg128 ≥ 1.0x and pp512 ≥ 1.5x llama.cpp; MoE tg128 ≥ 0.8x. Ratios are
 llamatui / llama.cpp: above 1 means llamatui is faster. The two runtimes take turns over a few
 rounds and each one's best round is compared, the round least disturbed when the cores are
-shared; run it when the machine is quiet all the same (the load average is printed).
+shared; run it when the machine is quiet all the same (the load average is printed). With
+--cpu both run one thread and the figures are tokens per CPU-second, which time-slicing by other
+processes hardly changes: what each runtime costs per core, when wall figures are too noisy.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -160,7 +164,62 @@ def cached_model(name: str, cache: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def measure(path: pathlib.Path, threads: int, reps: int, rounds: int):
+# --cpu: tokens per CPU-second on one thread, which other processes on shared cores disturb far
+# less than wall time (no thread of ours waits for a descheduled sibling; llama.cpp's one
+# thread never spins at a barrier). Each probe prints {"pp512": t/s, "tg128": t/s}.
+CPU_TIMING = r"""
+fill(ids[:512])  # warm-up: every kernel loaded (or compiled) before the clock starts
+reset()
+fill(ids[:4])
+step(ids[4], 4)
+step(ids[5], 5)
+reset()
+c0 = time.process_time(); fill(ids[:512]); pp = time.process_time() - c0
+reset()
+fill(ids[:4])
+c0 = time.process_time()
+for i, t in enumerate(ids[4:132]):
+    step(t, 4 + i)
+tg = time.process_time() - c0
+print(json.dumps({"pp512": 512 / pp, "tg128": 128 / tg}))
+"""
+OURS_CPU_PROBE = r"""
+import json, sys, time, numba, numpy as np
+numba.set_num_threads(1)
+from llamatui.inference.model import Batch, Model
+model = Model.load(sys.argv[1], n_ctx=1024)
+ids = np.random.default_rng(0).integers(0, model.n_vocab, 512).tolist()
+reset = model.kv.clear
+def fill(tokens):
+    model.decode(Batch(tokens, pos=0))
+def step(token, pos):
+    model.decode(Batch([token], pos=pos))
+""" + CPU_TIMING
+LLAMA_CPP_CPU_PROBE = r"""
+import json, sys, time, numpy as np
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1,
+            n_threads_batch=1, verbose=False)
+ids = np.random.default_rng(0).integers(0, llm.n_vocab(), 512).tolist()
+reset = llm.reset
+def fill(tokens):
+    llm.eval(tokens)
+def step(token, pos):
+    llm.eval([token])
+""" + CPU_TIMING
+
+
+def cpu_probe(probe: str, module: str, path: pathlib.Path):
+    if subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode:
+        return None, f"{module} not installed"
+    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
+def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool = False):
     """Rounds of llamatui and llama.cpp in turn (who goes first alternates), each round `reps`
     repetitions of each test: on shared cores the round least disturbed shows each runtime's
     speed best. Returns ({test: [t/s of each round]} for llamatui, the same for llama.cpp or
@@ -170,11 +229,15 @@ def measure(path: pathlib.Path, threads: int, reps: int, rounds: int):
         order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
         for who in order:
             if who == "ours":
-                res = ours(path, threads, reps)
+                res, failed = cpu_probe(OURS_CPU_PROBE, "llamatui", path) if cpu else \
+                    (ours(path, threads, reps), None)
+                if failed:
+                    raise SystemExit(f"llamatui failed on {path}: {failed}")
                 for test in mine:
                     mine[test].append(res[test])
             elif why is None:
-                res, why = peer(LLAMA_CPP_PROBE, "llama_cpp", path, threads, reps)
+                res, why = cpu_probe(LLAMA_CPP_CPU_PROBE, "llama_cpp", path) if cpu else \
+                    peer(LLAMA_CPP_PROBE, "llama_cpp", path, threads, reps)
                 for test in theirs:
                     if res is not None:
                         theirs[test].append(res[test])
@@ -187,16 +250,20 @@ def main():
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2,
                     help="rounds of both runtimes in turn; the best round of each is compared")
+    ap.add_argument("--cpu", action="store_true",
+                    help="tokens per CPU-second on one thread instead of wall-clock speed")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--cache", type=pathlib.Path,
                     default=pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "bench-models")
     args = ap.parse_args()
     for name in args.models:
         path = cached_model(name, args.cache)
+        how = "1 thread, tokens per CPU-second" if args.cpu else \
+            f"-t {args.threads}, {args.repetitions} repetitions"
         print(f"\n## {name}: {path.name}, {path.stat().st_size / 2**20:.0f} MiB "
-              f"(-t {args.threads}, {args.rounds} rounds of {args.repetitions} repetitions; "
+              f"({how}, {args.rounds} rounds; "
               f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
-        mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds)
+        mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds, args.cpu)
         print(f"| {'runtime':10s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | rounds (pp; tg)")
         print(f"|{'-' * 12}|{'-' * 11}:|{'-' * 11}:|{'-' * 16}")
         for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
