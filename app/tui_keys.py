@@ -12,7 +12,7 @@ from textual.binding import Binding
 # tabs follow the keys' order: Local (F3), Downloads (F5), Search (F6), Files (F7).
 APP_ACTIONS = [
     ("f3", "model_manager('local')", "Models", "Model manager",
-     "your local models (the model manager's first tab)"),
+     "the model manager, on its tab of local models"),
     ("f4", "hardware", "Hardware", "Hardware",
      "this machine's RAM, CPU, GPUs, disk and what it can run"),
     ("f5", "model_manager('downloads')", "Downloads", "Downloads", "downloads in progress"),

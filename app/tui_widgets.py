@@ -74,7 +74,7 @@ def model_display_name(path, general_name: str | None = None) -> str:
     return general_name or words or path.name
 
 
-BASE_MODEL = "base model, not tuned for chat: it continues your text rather than answering it"
+BASE_MODEL = "base model: it continues your text rather than chatting"
 
 
 def base_model_hint(path, no_chat_template: bool) -> str | None:
@@ -365,7 +365,7 @@ class ConversationList(Vertical):
         for c in conversations:
             label = Text(c.title or "New chat", overflow="ellipsis", no_wrap=True)
             label.append("\n")
-            label.append(pathlib.Path(c.model_path).name or "?", style="dim")
+            label.append(model_display_name(c.model_path) if c.model_path else "?", style="dim")
             items.append(Option(label, id=f"c{c.id}"))
         options.add_options(items)
         if current is not None:

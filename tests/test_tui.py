@@ -600,7 +600,7 @@ def test_welcome_says_which_starter_is_a_base_model(home):
             return {o.id: str(o.prompt) for o in options.options}
 
     shown = run(go())
-    assert "base model, not tuned for chat" in shown["starter:gemma3-270m"]
+    assert "A base model: it continues your text" in shown["starter:gemma3-270m"]
     assert "base model" not in shown["starter:smollm2-135m"]
 
 

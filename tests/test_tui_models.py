@@ -48,8 +48,9 @@ def run(coro):
 class FakeLoader(EngineLoader):
     """An engine that is 'loaded' at once: enough for the chat panel, nothing generates."""
 
-    def __init__(self):
+    def __init__(self, chat_template: bool = True):
         self.loaded = []
+        self.chat_template = chat_template
 
     def load(self, path, n_ctx, progress):
         self.loaded.append(path)
@@ -58,7 +59,8 @@ class FakeLoader(EngineLoader):
                                      file_bytes=1, n_params=1, n_ctx=n_ctx, n_ctx_train=4096,
                                      kv_bytes=1 << 20, cache_type_k="f16", cache_type_v="f16")
         return types.SimpleNamespace(info=info, close=lambda: None, cancel=lambda: None,
-                                     template=types.SimpleNamespace(is_chatml_fallback=False))
+                                     template=types.SimpleNamespace(
+                                         is_chatml_fallback=not self.chat_template))
 
     def release(self, engine):
         pass
@@ -402,6 +404,23 @@ def test_screen_keys_mean_the_same_everywhere(home):
     run(go())
 
 
+def test_the_chat_warns_about_base_models(home):
+    async def hint(model_file, loader):
+        add_store_model(home, name=model_file)
+        app = make(loader)
+        async with app.run_test(size=SIZE):
+            await wait_for(lambda: app.chat.engine is not None, 10, "the (fake) engine")
+            text = str(app.chat.query_one("#empty-hint").render())
+        (home / "models" / model_file).unlink()
+        return text
+
+    gemma = model_store.STARTER_MODELS["gemma3-270m"].filename  # the catalogue says it
+    assert "Gemma 3 270M is a base model: it continues your text" in run(hint(gemma, FakeLoader()))
+    assert "has no chat template, so it may be a base model" in run(
+        hint("Local-Q4_K_M.gguf", FakeLoader(chat_template=False)))
+    assert "base model" not in run(hint("Local-Q4_K_M.gguf", FakeLoader()))
+
+
 # ------------------------------------------------------------------------------------------
 # snapshots
 
@@ -452,6 +471,31 @@ def test_snapshot_models_repo_files(snap_compare, home, monkeypatch):
         steady(pilot.app)
 
     assert snap_compare(snap_app(), terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_hardware_detecting(snap_compare, home, monkeypatch):
+    """The first display, while detection runs: no header-only table whose columns would jump
+    when the rows come."""
+    gate = threading.Event()
+
+    def slow_detect(*args, **kwargs):
+        gate.wait(20)
+        return FIXED_HW
+    monkeypatch.setattr(model_hardware, "detect", slow_detect)
+    app = snap_app()
+    exit_app = app.exit
+
+    def exit(*args, **kwargs):  # the detection worker is joined on exit: let it finish
+        gate.set()
+        return exit_app(*args, **kwargs)
+    app.exit = exit
+
+    async def before(pilot):
+        await pilot.press("f4")
+        await wait_for(lambda: isinstance(pilot.app.screen, HardwareScreen), 10, "hardware")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
 
 def test_snapshot_hardware(snap_compare, home):
