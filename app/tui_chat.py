@@ -383,6 +383,7 @@ class ChatScreen(Screen):
             pass
 
     def _release_engine(self, engine) -> None:
+        """From the UI thread: closes the engine in a thread, once its last reply is over."""
         start_thread("release engine", self._release_when_idle, engine, self.app.engine_loader)
 
     def _release_when_idle(self, engine, loader) -> None:
@@ -402,7 +403,7 @@ class ChatScreen(Screen):
                 if self.engine_users.wait_idle(old, ENGINE_IDLE_WAIT):
                     loader.release(old)
                 else:
-                    self._release_engine(old)
+                    start_thread("release engine", self._release_when_idle, old, loader)
 
             def progress(stage: str, done: int, total: int) -> None:
                 self._post(EngineProgress(load_id, stage, done, total))

@@ -1,7 +1,7 @@
-"""The model manager (F3, F5-F7) and hardware (F4) screens, driven through Pilot against the stand-in
-Hub (tests/hub_server.py), with LLAMATUI_HOME in a temporary folder and hardware.detect fixed.
-No model is run: the app's engine loader is a stand-in that returns a fake engine at once (or,
-for snapshots, never), so these tests take seconds."""
+"""The model manager (F3, F5-F7) and hardware (F4) screens, driven through Pilot against the
+stand-in Hub (tests/hub_server.py), with LLAMATUI_HOME in a temporary folder and
+hardware.detect fixed. No model is run: the app's engine loader is a stand-in that returns a
+fake engine at once (or, for snapshots, never), so these tests take seconds."""
 import asyncio
 import pathlib
 import threading
