@@ -22,6 +22,7 @@ from llamatui.models import hardware as model_hardware
 from llamatui.models import recommend as model_recommend
 from llamatui.models import store as model_store
 
+from .tui_keys import footer_bindings
 from .tui_models import FIT_STYLES
 from .tui_widgets import fmt_bytes
 
@@ -106,7 +107,7 @@ class HardwareFailed(TMessage):
 class HardwareScreen(Screen):
     CSS_PATH = CSS_DIR / "hardware_screen.tcss"
     BINDINGS = [Binding(key, action, label, show=True) for key, action, label, _, _ in
-                HARDWARE_ACTIONS]
+                HARDWARE_ACTIONS] + footer_bindings("f3", "f5")
     TITLE = "Hardware"
 
     def __init__(self):
@@ -128,9 +129,11 @@ class HardwareScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = "what this machine has and can run"
-        self.query_one("#hw-runs", DataTable).add_columns(
-            "Model", "Source", "Size", "Fit", "Needs")
-        self.query_one("#hw-runs").focus()
+        runs = self.query_one("#hw-runs", DataTable)
+        runs.add_columns("Model", "Source", "Size", "Fit", "Needs")
+        # Shown with its rows: an empty table's header has each column as narrow as its title,
+        # and would jump to the rows' widths when they arrive.
+        runs.display = False
         self.action_refresh()
 
     def action_close(self) -> None:
@@ -155,7 +158,8 @@ class HardwareScreen(Screen):
     def _ready(self, msg: HardwareReady) -> None:
         self.hw, self.runs = msg.hw, msg.runs
         self.rows = machine_rows(msg.hw)
-        table = Table(box=None, show_header=False, padding=(0, 2))
+        # no padding before the first column: the labels line up with the table's first column
+        table = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
         table.add_column("", style="bold", no_wrap=True)
         table.add_column("")
         for label, value in self.rows:
@@ -174,6 +178,9 @@ class HardwareScreen(Screen):
                     badge.append(" (approximate)", style="dim")
                 needs = fmt_bytes(fit.estimate.total_bytes)
             runs.add_row(name, source, fmt_bytes(size), badge, needs)
+        if not runs.display:
+            runs.display = True
+            runs.focus()
         self.query_one("#hw-notes", Static).update("\n".join(msg.hw.notes))
         self.loads += 1
 
