@@ -160,7 +160,7 @@ class Reply:
 def describe_error(error: BaseException, path: str | None = None) -> tuple[str, str]:
     """(title, message) for an error the user should see."""
     from llamatui.inference import ContextFullError, GGUFError
-    from llamatui.inference.chat_template import ChatTemplateError
+    from llamatui.inference import ChatTemplateError
     name = pathlib.Path(path).name if path else "the model"
     if isinstance(error, FileNotFoundError):
         return "Model file missing", f"{path or error.filename}: no such file."
@@ -261,7 +261,7 @@ class ChatScreen(Screen):
             hint.update("No model yet. Press ctrl+o to choose one.")
             return
         engine = self._engine_on_screen
-        base = base_model_hint(self.model_path, engine.template.is_chatml_fallback) \
+        base = base_model_hint(self.model_path, not engine.info.has_chat_template) \
             if engine else None
         hint.update(f"Chat with [b]{escape(self._author())}[/b]. "
                     "Type below and press Enter.\n"
@@ -554,7 +554,7 @@ class ChatScreen(Screen):
     async def _generation_failed(self, msg: GenerationFailed) -> None:
         """Shown even for a reply already stopped: a template that failed after the user gave
         up waiting on it explains the wait, and will fail again."""
-        from llamatui.inference.chat_template import ChatTemplateError
+        from llamatui.inference import ChatTemplateError
         if self.closing:
             return
         title, text = describe_error(msg.error, self.model_path)

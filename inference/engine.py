@@ -58,6 +58,7 @@ class ModelInfo:
     kv_bytes: int
     cache_type_k: str
     cache_type_v: str
+    has_chat_template: bool  # the file has its own (else one is chosen as llama.cpp does)
 
 
 def default_threads() -> int:
@@ -117,6 +118,7 @@ class Engine:
             kv_bytes=model.kv.nbytes,
             cache_type_k=model.kv.type_k,
             cache_type_v=model.kv.type_v,
+            has_chat_template=template.origin == "model",
         )
 
     @classmethod
