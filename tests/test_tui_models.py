@@ -57,10 +57,9 @@ class FakeLoader(EngineLoader):
         info = types.SimpleNamespace(name=pathlib.Path(path).stem, path=path,
                                      architecture="llama", n_layer=2, quantization="Q4_K_M",
                                      file_bytes=1, n_params=1, n_ctx=n_ctx, n_ctx_train=4096,
-                                     kv_bytes=1 << 20, cache_type_k="f16", cache_type_v="f16")
-        return types.SimpleNamespace(info=info, close=lambda: None, cancel=lambda: None,
-                                     template=types.SimpleNamespace(
-                                         is_chatml_fallback=not self.chat_template))
+                                     kv_bytes=1 << 20, cache_type_k="f16", cache_type_v="f16",
+                                     has_chat_template=self.chat_template)
+        return types.SimpleNamespace(info=info, close=lambda: None, cancel=lambda: None)
 
     def release(self, engine):
         pass
