@@ -519,11 +519,14 @@ class ChatScreen(Screen):
         self._state_changed()
         self.engine_users.enter(self.engine)
         start_thread(f"generate {self.gen_id}", self._generate, self.gen_id, self.engine,
-                     history, self.settings.sampling(), self.reply.stop)
+                     history, self.settings.sampling(), self.reply.stop,
+                     self.settings.chat_template or None)
 
-    def _generate(self, gen_id: int, engine, history, sampling, stop: threading.Event) -> None:
+    def _generate(self, gen_id: int, engine, history, sampling, stop: threading.Event,
+                  chat_template: str | None) -> None:
         """Thread: streams the engine's events as messages."""
         try:
+            engine.set_chat_template(chat_template)  # the chat's choice, or the model's own
             for event in engine.generate(history, **sampling):
                 if stop.is_set():  # a stop that came before the engine's generate began
                     engine.cancel()

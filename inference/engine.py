@@ -100,6 +100,7 @@ class Engine:
         self.scheduler = Scheduler(model, tokenizer, n_slots=n_parallel,
                                    context_policy=context_policy, n_keep=n_keep)
         self._requests: set = set()  # generate()'s requests in flight, for cancel()
+        self.chat_template_choice: str | None = None  # set_chat_template's (None: the model's)
         self._closed = False
         md = gguf.metadata
         ftype = md.get("general.file_type")
@@ -164,6 +165,7 @@ class Engine:
                                cache_type_v=cache_type_v, n_seq_max=n_parallel)
             engine = cls(gguf, model, tokenizer, template, threads, context_policy, n_keep,
                          n_parallel)
+            engine.chat_template_choice = chat_template
             if warmup:
                 # Like llama.cpp's warm-up decode; on a first run this compiles the kernels.
                 report("Warming up (compiles kernels on first run)", 2, 3)
@@ -213,6 +215,9 @@ class Engine:
         """Speaks to the model in another template from the next chat on: a built-in name
         (CHAT_TEMPLATE_NAMES) or Jinja source; None: back to the model's own (or the one chosen
         from its vocabulary). Compiles on first use, like Engine.load's chat_template."""
+        if name_or_source == self.chat_template_choice:
+            return
+        self.chat_template_choice = name_or_source
         self.template = ChatTemplate.from_metadata(
             self.gguf.metadata, name_or_source, add_bos=self.tokenizer.add_bos,
             add_eos=self.tokenizer.add_eos, tokens=self.tokenizer.vocab)

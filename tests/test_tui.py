@@ -8,6 +8,7 @@ import asyncio
 import ctypes
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from textual.command import CommandList
@@ -803,3 +804,27 @@ def test_a_failing_chat_template_is_a_dialog(home, smollm2_path, tmp_path):
     title, message, roles = run(go())
     assert title == "Chat template failed" and "refuses every chat" in message
     assert "Refuses-135M.Q4_1.gguf" in message and roles == ["user"]
+
+
+def test_the_chat_template_setting_speaks_to_the_model_in_that_template(home, smollm2_path):
+    set_defaults(home, replace(FAST, chat_template="chatml"))
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Name a fruit.")
+            await reply_finished(app, 0)
+            template = app.chat.engine.template
+            return template.name, app.chat.query(ChatMessage).last().markdown.source
+
+    name, reply = run(go())
+    assert name == "chatml"
+    history = [{"role": "user", "content": "Name a fruit."}]
+    engine = SharedLoader().load(str(smollm2_path), FAST.n_ctx, lambda *a: None)
+    engine.set_chat_template("chatml")
+    try:
+        expected = "".join(e.text for e in engine.generate(history, **FAST.sampling()))
+    finally:
+        engine.set_chat_template(None)
+    assert reply == expected
