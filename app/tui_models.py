@@ -34,6 +34,10 @@ from .tui_keys import footer_bindings, manager_tab_key
 from .tui_modals import ConfirmModal
 from .tui_widgets import fmt_bytes, fmt_count
 
+# Whether the engine runs a repository or file (the catalog's answer; None: not known yet)
+ENGINE_LABELS = {True: Text("runs", style="green"), False: Text("no", style="red"),
+                 None: Text("?", style="dim")}
+
 CSS_DIR = pathlib.Path(__file__).parent
 
 # (key, action, footer label, palette/help title, what it does): drives the screen's bindings
@@ -269,7 +273,7 @@ class ModelsScreen(Screen):
         local.add_columns("Name", "Arch", "Params", "Quant", "Context", "Size", "Source",
                           "Last used")
         self.query_one("#search-table", DataTable).add_columns(
-            "Repository", "Downloads", "Likes", "Updated")
+            "Repository", "Downloads", "Likes", "Updated", "Engine")
         self.query_one("#files-table", DataTable).add_columns(
             " ", "Quant", "Files", "Size", "Fit", "Engine", "Needs")
         self.query_one("#fit-detail").display = False
@@ -352,6 +356,9 @@ class ModelsScreen(Screen):
                 f"{fmt_bytes(u.models_bytes)} used · {fmt_bytes(u.free_bytes)} free")
         if u.n_partials:
             text += f" · {u.n_partials} partial download(s), {fmt_bytes(u.partial_bytes)}"
+        if u.n_incomplete:
+            text += (f" · {u.n_incomplete} unfinished file(s) being written or left by an "
+                     f"interrupted run, {fmt_bytes(u.incomplete_bytes)}")
         text += f" · store: {u.path}"
         self.query_one("#disk-usage", Static).update(text)
         if not msg.models:
@@ -444,7 +451,7 @@ class ModelsScreen(Screen):
         table.clear()
         for m in msg.results:
             table.add_row(m.id, fmt_opt(m.downloads), fmt_opt(m.likes),
-                          (m.last_modified or "")[:10], key=m.id)
+                          (m.last_modified or "")[:10], ENGINE_LABELS[m.engine_runs], key=m.id)
         n = len(msg.results)
         self.query_one("#search-status", Static).update(
             f"{n} repositor{'ies' if n != 1 else 'y'} for {msg.query!r}, most downloaded "
@@ -504,8 +511,7 @@ class ModelsScreen(Screen):
             star = Text("★" if is_best else "", style="bold magenta")
             quant = Text(g.quant, style="bold magenta" if is_best else "")
             files = g.first.name if len(g.files) == 1 else f"{len(g.files)} files (split)"
-            engine = {True: Text("runs", style="green"), False: Text("no", style="red"),
-                      None: Text("?", style="dim")}[fit.supported if fit else g.supported]
+            engine = ENGINE_LABELS[fit.supported if fit else g.supported]
             table.add_row(star, quant, files, fmt_bytes(g.size) if g.size else "?",
                           fit_badge(fit, is_best) if fit else Text("size unknown",
                                                                    style="dim"),
