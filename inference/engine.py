@@ -1,4 +1,4 @@
-"""The engine's public API: load a GGUF model, tokenize, template, generate.
+"""The engine's public API: load a GGUF model, tokenize, template, generate, embed.
 
     engine = Engine.load("model.gguf", n_ctx=4096)
     for event in engine.generate([{"role": "user", "content": "Hi"}], temperature=0.7):
@@ -8,8 +8,9 @@
 
 The UI and the server use only this module (the server also `engine.scheduler`). `generate` is a
 generator meant to run in a worker thread; `cancel()` from any other thread stops it at the next
-token. `embed` is safe from any thread: it runs between the scheduler's steps. Generation runs through the engine's `Scheduler` (inference/scheduler.py): `generate` is a
-one-request client of it, the server a many-request one; there is one generation loop.
+token. Generation runs through the engine's `Scheduler` (inference/scheduler.py): `generate` is a
+one-request client of it, the server a many-request one; there is one generation loop. `embed`
+is safe from any thread too: it runs between the scheduler's steps.
 """
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from llamatui.inference import ContextFullError, Engine, ops
+from llamatui.inference import ContextFullError, EmbeddingOnlyError, Engine, ops
 from llamatui.inference.embedding import normalize, pool
-from llamatui.inference.model import EmbeddingOnlyError
 from synthetic_models import write_model
 
 MIN_COSINE = 0.999
@@ -88,7 +87,7 @@ def test_embedding_does_not_disturb_a_generation(engine):
     kw = dict(temperature=0, max_tokens=16)
     alone = "".join(e.text for e in engine.generate("The capital of France is", **kw))
     alone_vectors = engine.embed(["some text", "more text"], pooling="last")
-    texts, vectors = [], []
+    texts, vectors, worker = [], [], None
     for i, event in enumerate(engine.generate("The capital of France is", **kw)):
         texts.append(event.text)
         if i == 3:
@@ -99,6 +98,7 @@ def test_embedding_does_not_disturb_a_generation(engine):
             worker = threading.Thread(target=lambda: vectors.append(
                 engine.embed(["some text", "more text"], pooling="last")))
             worker.start()
+    assert worker is not None, "the generation ended before the second embedding"
     worker.join(timeout=60)
     assert "".join(texts) == alone
     assert len(vectors) == 2
@@ -162,3 +162,16 @@ def test_pool_and_normalize():
     np.testing.assert_array_equal(normalize(x, -1), x)
     with pytest.raises(ValueError, match="normalization"):
         normalize(x, -2)
+
+
+def test_cli_embed_prints_one_vector_per_text(tmp_path, smollm2_path, capsys):
+    from llamatui.app.cli import main
+    path = write_model("nomic-bert", "Q8_0", tmp_path)
+    assert main(["embed", "-m", str(path), "-t", "2", "the cat sat.", "a lazy dog"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vectors = np.array([[float(v) for v in line.split()] for line in lines])
+    assert vectors.shape == (2, 256)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert main(["embed", "-m", str(smollm2_path), "-t", "2", "hello"]) == 1
+    assert "choose one of mean, cls, last" in capsys.readouterr().err
+    assert main(["embed", "-m", str(smollm2_path), "--pooling", "max", "hello"]) == 2
