@@ -2,12 +2,13 @@
 tests/golden/synthetic_logits.json. Run by hand where llama-cpp-python is installed (`pip install
 llama-cpp-python`; its llama.cpp is the reference), never by the test suite:
 
-    python tests/record_synthetic_logits.py               # every family in RECIPES
-    python tests/record_synthetic_logits.py qwen2 phi3    # some families (the rest are kept)
+    python tests/record_synthetic_logits.py               # every case in CASES
+    python tests/record_synthetic_logits.py qwen2 phi3    # some cases (the rest are kept)
 
-For each family and weight type it writes the model, evaluates `TOKENS` in one batch with logits
-for every position (f16 KV cache, 2 threads), and keeps per position llama.cpp's top-2 token ids
-and their log-probabilities, plus the model file's sha256 (so a changed recipe is noticed).
+For each case (a family, or a variant of one) and weight type it writes the model, evaluates
+`TOKENS` in one batch with logits for every position (the case's context size, f16 KV cache,
+2 threads), and keeps per position llama.cpp's top-2 token ids and their log-probabilities, plus
+the model file's sha256 (so a changed recipe is noticed).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from synthetic_models import RECIPES, TOKENS, TYPES, sha256_of, write_model  # noqa: E402
+from synthetic_models import CASES, TOKENS, TYPES, sha256_of, write_model  # noqa: E402
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "synthetic_logits.json"
 
@@ -30,9 +31,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def record(path: pathlib.Path) -> dict:
+def record(path: pathlib.Path, n_ctx: int) -> dict:
     from llama_cpp import Llama
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True,
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=256, n_ubatch=256, logits_all=True,
                 n_threads=2, verbose=False)
     llm.eval(TOKENS)
     logprobs = log_softmax(np.array(llm.scores[:len(TOKENS)], dtype=np.float32))
@@ -42,18 +43,18 @@ def record(path: pathlib.Path) -> dict:
     return {"sha256": sha256_of(path), "top2": rows}
 
 
-def main(families: list[str]) -> None:
+def main(names: list[str]) -> None:
     import llama_cpp
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     golden["llama_cpp_python"] = llama_cpp.__version__
     golden["tokens"] = TOKENS
     models = golden.setdefault("models", {})
     with tempfile.TemporaryDirectory() as tmp:
-        for family in families or list(RECIPES):
+        for name in names or list(CASES):
             for type_name in TYPES:
-                path = write_model(family, type_name, tmp)
-                models[f"{family}/{type_name}"] = record(path)
-                print(f"{family}/{type_name}: recorded", flush=True)
+                path = write_model(name, type_name, tmp)
+                models[f"{name}/{type_name}"] = record(path, CASES[name].n_ctx)
+                print(f"{name}/{type_name}: recorded", flush=True)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
 
 
