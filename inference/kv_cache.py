@@ -270,7 +270,7 @@ class KVCache:
                 if self.layer_rope[il] is None:  # llama_hparams::has_rope: nothing to turn
                     continue
                 k = np.ascontiguousarray(self.k[il].read_cells(moved))
-                self.layer_rope[il].apply(k, shift)
+                self.layer_rope[il].apply(k, shift, magnitude=False)
                 self.k[il].write(moved, k)
 
     def seq_pos_max(self, seq_id: int) -> int:

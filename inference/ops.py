@@ -8,9 +8,11 @@
   YaRN), rotating consecutive pairs (NORM) or `(i, i + n_dims/2)` (NEOX); dims past `n_dims` are
   left as they are.
 - `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` (ggml's vector
-  expf, `exp_f32`), sums in float64.
+  expf, `exp_f32`), sums in float64; with a soft-cap, `x` is first `tanh(x / cap) * cap`
+  (llama.cpp's attn_soft_cap graph: ggml_scale, ggml_tanh, ggml_scale).
 - `attention`: softmax(q·kᵀ·scale + mask)·v with grouped-query heads (query head `h` reads KV
-  head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting). A few query tokens
+  head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting), q·k soft-capped first
+  when asked (Gemma 2). A few query tokens
   (decoding) go through one fused numba kernel that reads an f16 cache's bits directly and skips
   masked cells; more (a prompt) through the matmul module's GEMM, a chunk of query rows at a time
   over only the cells the chunk can see.
@@ -97,9 +99,11 @@ def _rope_tables(pos, half, theta_scale, freq_scale, freq_factors, corr_lo, corr
             theta = theta * theta_scale
 
 
-def rope_tables(pos: np.ndarray, spec: "RopeSpec") -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(pos: np.ndarray, spec: "RopeSpec",
+                magnitude: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin, float32 (n_tokens, n_dims/2), for the rotation angles of `spec` at `pos`
-    (ggml_rope_cache_init with rope_yarn), already multiplied by the spec's magnitude."""
+    (ggml_rope_cache_init with rope_yarn), multiplied by the spec's magnitude unless
+    `magnitude` is False (a pure rotation)."""
     half = spec.n_dims // 2
     pos = np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
     ff = np.ones(half, np.float32) if spec.freq_factors is None else spec.freq_factors
@@ -107,7 +111,8 @@ def rope_tables(pos: np.ndarray, spec: "RopeSpec") -> tuple[np.ndarray, np.ndarr
     cos = np.empty((pos.size, half), np.float32)
     sin = np.empty((pos.size, half), np.float32)
     _rope_tables(pos, half, spec.theta_scale(), np.float32(spec.freq_scale), ff, corr_lo, corr_hi,
-                 np.float32(spec.ext_factor), spec.mscale(), cos, sin)
+                 np.float32(spec.ext_factor), spec.mscale() if magnitude else np.float32(1.0),
+                 cos, sin)
     return cos, sin
 
 
@@ -834,12 +839,16 @@ class RopeSpec:
         return (self.n_dims, self.freq_base, self.freq_scale, self.neox, ff, self.n_ctx_orig,
                 self.ext_factor, self.attn_factor, self.beta_fast, self.beta_slow)
 
-    def tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return rope_tables(pos, self)
+    def tables(self, pos: np.ndarray, magnitude: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        return rope_tables(pos, self, magnitude)
 
-    def apply(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Rotates x (n_tokens, n_head, head_dim) in place for positions `pos`; returns it."""
-        cos, sin = self.tables(pos)
+    def apply(self, x: np.ndarray, pos: np.ndarray, magnitude: bool = True) -> np.ndarray:
+        """Rotates x (n_tokens, n_head, head_dim) in place for positions `pos`; returns it.
+        magnitude=False rotates only: moving an already rotated K by a position shift must not
+        multiply it by the magnitude again (llama.cpp's K-shift does, with YaRN or
+        rope.scaling.attn_factor; a K so shifted would no longer be the K of its new
+        position)."""
+        cos, sin = self.tables(pos, magnitude)
         return rope_inplace(x, cos, sin, self.n_dims, self.neox)
 
     def __eq__(self, other):

@@ -4,9 +4,10 @@ Each kernel computes what its CPU twin in `llamatui.inference.ops` computes, in 
 - `rms_norm`: y = x / sqrt(mean(x²) + eps) * w, one block per row (ggml-cuda/norm.cu
   rms_norm_f32); the sum of squares is a float32 tree sum (the CPU sums in float64).
 - `rope`: NORM (pairs 2i, 2i+1) or NEOX (pairs i, i + n_dims/2) rotation in place, with
-  frequency factors and YaRN (ggml-cuda/rope.cu rope_norm / rope_neox, rope_yarn). The angle is built as ggml's CPU
-  rope cache builds it, `theta = pos` multiplied by theta_scale once per pair, so the angles are
-  bit for bit the CPU's (rope.cu's powf gives slightly different ones at long positions).
+  frequency factors and YaRN (ggml-cuda/rope.cu rope_norm / rope_neox, rope_yarn). The angle is
+  built as ggml's CPU rope cache builds it, `theta = pos` multiplied by theta_scale once per
+  pair, so the angles are bit for bit the CPU's (rope.cu's powf gives slightly different ones at
+  long positions).
 - `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit ops.geglu.
