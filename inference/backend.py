@@ -128,10 +128,11 @@ class Backend(ABC):
         """x (n, n_head, head_dim) rotated for positions `pos` (may rotate in place)."""
 
     @abstractmethod
-    def attention(self, q, k, v, mask: np.ndarray, scale: float):
+    def attention(self, q, k, v, mask: np.ndarray, scale: float, softcap: float = 0.0):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads, k and v as this backend's
         kv_store.read gives them, or as the batch's own float32 K and V (embeddings attend
-        without the cache): (n, n_head * head_dim_v)."""
+        without the cache): (n, n_head * head_dim_v). softcap > 0: q·k becomes
+        tanh(q·k / softcap) · softcap first (Gemma 2's attention logit soft-capping)."""
 
     @abstractmethod
     def swiglu(self, gate, up):
@@ -221,11 +222,11 @@ class CPUBackend(Backend):
         return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-                  scale: float) -> np.ndarray:
+                  scale: float, softcap: float = 0.0) -> np.ndarray:
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
         k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
         itself (float32)."""
-        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale)
+        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)

@@ -18,6 +18,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .catalog import Arch, get_arch
 
 __all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "read_hparams",
@@ -35,6 +37,9 @@ MAX_HEAD_DIM = 1 << 14
 MAX_CONTEXT = 1 << 30
 MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 1 << 14
+
+# rope.scaling.type values llama.cpp knows (llama_rope_scaling_type)
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
 _REQUIRED = object()
 
@@ -189,8 +194,13 @@ class HParams:
     rope_freq_base: float
     rope_freq_scale: float = 1.0
     rope_freq_factors: object = None  # float32 per pair (Llama 3.1's rope_freqs), set on load
-    rope_scaling: str = "none"  # "none", "linear", "yarn", "longrope"
-    n_ctx_orig: int = 0  # rope.scaling.original_context_length
+    # LongRoPE's per-pair factors (Phi 3), set on load: the long ones serve contexts longer
+    # than n_ctx_orig (rope_factors_long.weight / rope_factors_short.weight)
+    rope_factors_long: object = None
+    rope_factors_short: object = None
+    rope_scaling: str = "linear"  # "none", "linear", "yarn", "longrope" (llama.cpp's default)
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length (n_ctx_train when absent)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: cos and sin are multiplied by it
     n_swa: int = 0  # sliding window size; 0: none
     swa_layers: tuple[bool, ...] = ()
     rope_freq_base_swa: float = 10000.0
@@ -215,13 +225,41 @@ class HParams:
         """The sliding window layer il attends within; 0: the whole sequence."""
         return self.n_swa if self.is_swa(il) else 0
 
-    def layer_rope(self, il: int):
+    def layer_rope(self, il: int, n_ctx: int | None = None):
+        """How layer il rotates Q and K in a context of n_ctx cells (None: the training
+        context), as llama.cpp's graphs call ggml_rope_ext: the layer's base and scale
+        (llama_model::get_rope_freq_base/_scale), the frequency factors of `rope_factors`, YaRN's
+        parameters of `rope_yarn`."""
         from .ops import RopeSpec
-        if self.is_swa(il):
-            return RopeSpec(self.n_rot, self.rope_freq_base_swa, self.rope_freq_scale_swa,
-                            self.rope_neox, self.rope_freq_factors)
-        return RopeSpec(self.n_rot, self.rope_freq_base, self.rope_freq_scale,
-                        self.rope_neox, self.rope_freq_factors)
+        ext_factor, attn_factor = self.rope_yarn()
+        swa = self.is_swa(il)
+        return RopeSpec(self.n_rot, self.rope_freq_base_swa if swa else self.rope_freq_base,
+                        self.rope_freq_scale_swa if swa else self.rope_freq_scale,
+                        self.rope_neox, self.rope_factors(n_ctx), n_ctx_orig=self.n_ctx_orig,
+                        ext_factor=ext_factor, attn_factor=attn_factor)
+
+    def rope_factors(self, n_ctx: int | None = None):
+        """llama_model::get_rope_factors: rope_freqs when the model has them, else LongRoPE's
+        long factors when the context (rounded up to 256 cells, as llama_context rounds it) is
+        longer than the original one, else the short ones; None when the model has none."""
+        if self.rope_freq_factors is not None:
+            return self.rope_freq_factors
+        n_ctx_seq = -(-(n_ctx or self.n_ctx_train) // 256) * 256
+        return self.rope_factors_long if n_ctx_seq > self.n_ctx_orig else self.rope_factors_short
+
+    def rope_yarn(self) -> tuple[float, float]:
+        """(ext_factor, attn_factor) as llama_context's constructor sets them from the file:
+        YaRN mixes (ext_factor 1) only with rope.scaling.type yarn, and its attention factor
+        1 + 0.1·ln(factor) is divided out here because rope_yarn multiplies it back in; the
+        file's rope.scaling.attn_factor multiplies either (float32, as llama.cpp computes)."""
+        f32 = np.float32
+        ext_factor, attn_factor = 0.0, f32(1.0)
+        if self.rope_scaling == "yarn":
+            ext_factor = 1.0
+            factor = f32(1.0) / f32(self.rope_freq_scale)
+            attn_factor = f32(1.0) if factor <= 1 else f32(0.1) * np.log(factor) + f32(1.0)
+            attn_factor = attn_factor * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))
+        return ext_factor, float(f32(attn_factor) * f32(self.rope_attn_factor))
 
     @property
     def kq_scale(self) -> float:
@@ -279,12 +317,19 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
     if arch.rope != "none" and (n_rot % 2 or n_rot == 0):
         raise ModelMetadataError(f"GGUF metadata {meta.key('rope.dimension_count')} = {n_rot}: "
                                  f"expected an even number in [2, {head_dim_k}]")
-    scaling = meta.str("rope.scaling.type", "none").lower()
+    scaling = meta.str("rope.scaling.type", "linear").lower()
+    if scaling not in ROPE_SCALINGS:
+        raise meta.fail(meta.key("rope.scaling.type"), scaling,
+                        f"one of {', '.join(ROPE_SCALINGS)}")
     factor = meta.float("rope.scaling.factor", 0.0, lo=0.0, hi=1e6) or \
         meta.float("rope.scale_linear", 0.0, lo=0.0, hi=1e6)
+    # llama.cpp keeps the scale in float32, and never scales with type "none"
+    freq_scale = float(np.float32(1.0) / np.float32(factor)) if factor and scaling != "none" \
+        else 1.0
+    n_ctx_train = meta.int("context_length", 2048, lo=1, hi=MAX_CONTEXT)
     hp = HParams(
         arch=arch.name, n_vocab=_vocab_size(gguf),
-        n_ctx_train=meta.int("context_length", 2048, lo=1, hi=MAX_CONTEXT),
+        n_ctx_train=n_ctx_train,
         n_embd=n_embd, n_layer=n_layer,
         n_ff=_uniform(meta, "feed_forward_length", n_layer, lo=0) if
         meta.has("feed_forward_length") else 0,
@@ -295,11 +340,12 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
         norm_eps=meta.float("attention.layer_norm_epsilon", 1e-5, lo=0.0, hi=1.0, lo_open=True),
         rope_neox=arch.rope == "neox",
         rope_freq_base=meta.float("rope.freq_base", 10000.0, lo=0.0, hi=1e12, lo_open=True),
-        rope_freq_scale=1.0 / factor if factor else 1.0,
+        rope_freq_scale=freq_scale,
         rope_scaling=scaling,
-        n_ctx_orig=meta.int("rope.scaling.original_context_length", 0, lo=0, hi=MAX_CONTEXT),
-        final_logit_softcap=meta.float("final_logit_softcapping", 0.0, lo=0.0, hi=1e6),
-        attn_logit_softcap=meta.float("attn_logit_softcapping", 0.0, lo=0.0, hi=1e6),
+        n_ctx_orig=meta.int("rope.scaling.original_context_length", n_ctx_train, lo=1,
+                            hi=MAX_CONTEXT),
+        rope_attn_factor=meta.float("rope.scaling.attn_factor", 1.0, lo=0.0, hi=1e6,
+                                    lo_open=True),
         n_expert=meta.int("expert_count", 0, lo=0, hi=MAX_EXPERTS),
         n_expert_used=meta.int("expert_used_count", 0, lo=0, hi=MAX_EXPERTS),
         n_ff_exp=meta.int("expert_feed_forward_length", 0, lo=0),
@@ -318,7 +364,12 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
 
 
 def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:
-    hp.n_swa = meta.int("attention.sliding_window", 0, lo=0, hi=MAX_CONTEXT)
+    """The window and which layers slide, for the families llama.cpp gives sliding-window
+    layers (the catalog's swa_pattern); the others attend over every cell whatever the file
+    says (llama.cpp's llama, phi3... ignore attention.sliding_window)."""
+    if arch.swa_pattern is None:
+        return
+    hp.n_swa = meta.int("attention.sliding_window", arch.n_swa, lo=0, hi=MAX_CONTEXT)
     if meta.has("attention.sliding_window_pattern") and \
             not _is_int(meta.md[meta.key("attention.sliding_window_pattern")]):
         hp.swa_layers = meta.bools_per_layer("attention.sliding_window_pattern", hp.n_layer)
@@ -326,6 +377,6 @@ def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:
         pattern = meta.int("attention.sliding_window_pattern", arch.swa_pattern, lo=0,
                            hi=MAX_LAYERS)
         hp.swa_layers = swa_pattern_layers(hp.n_layer, pattern) if hp.n_swa else ()
-    if arch.rope_base_swa is not None:
-        hp.rope_freq_base_swa = meta.float("rope.freq_base_swa", arch.rope_base_swa, lo=0.0,
-                                           hi=1e12, lo_open=True)
+    base_swa = hp.rope_freq_base if arch.rope_base_swa is None else arch.rope_base_swa
+    hp.rope_freq_base_swa = meta.float("rope.freq_base_swa", base_swa, lo=0.0, hi=1e12,
+                                       lo_open=True)

@@ -140,6 +140,10 @@ class ForwardContext:
         None on the others."""
         return self.out_rows if il == self.hp.n_layer - 1 else None
 
+    def rope(self, il: int):
+        """How layer il rotates Q and K (an ops.RopeSpec; None: it does not)."""
+        return self.model.layer_rope[il]
+
     def mask(self, n_swa: int) -> np.ndarray:
         m = self._masks.get(n_swa)
         if m is None:
@@ -148,13 +152,14 @@ class ForwardContext:
         return m
 
     def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               scale: float) -> np.ndarray:
+               scale: float, softcap: float = 0.0) -> np.ndarray:
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
-        attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v)."""
+        attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v); softcap > 0
+        soft-caps the scores (Backend.attention)."""
         be = self.backend(il)
         self.kv.write(il, self.cells, k, v)  # into the rows the layer's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
-        return be.attention(q, k_all, v_all, self.mask(self.hp.window(il)), scale)
+        return be.attention(q, k_all, v_all, self.mask(self.hp.window(il)), scale, softcap)
 
 
 class EmbeddingContext(ForwardContext):
@@ -189,9 +194,10 @@ class EmbeddingContext(ForwardContext):
         return m
 
     def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               scale: float) -> np.ndarray:
+               scale: float, softcap: float = 0.0) -> np.ndarray:
         """q over this batch's own k and v (n, heads, head_dim): (n, n_head * head_dim_v)."""
-        return self.backend(il).attention(q, k, v, self.mask(self.hp.window(il)), scale)
+        return self.backend(il).attention(q, k, v, self.mask(self.hp.window(il)), scale,
+                                          softcap)
 
 
 def _batch_kq_mask(positions: np.ndarray, seq_index: np.ndarray, causal: bool,
@@ -236,9 +242,11 @@ class Model:
         check_kv_fits(n_ctx, kv_bytes_per_cell(n_cached, hp.n_head_kv, hp.head_dim_k,
                                                hp.head_dim_v, cache_type_k, cache_type_v),
                       sum(t.nbytes for t in gguf.tensors.values()))
+        # how each layer rotates Q and K: attention and the cache's position shift share it
+        self.layer_rope = [arch.layer_rope(hp, il, n_ctx) for il in range(hp.n_layer)]
         self.kv = KVCache(n_ctx, n_cached, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
                           type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
-                          layer_rope=[hp.layer_rope(il) for il in range(n_cached)],
+                          layer_rope=self.layer_rope[:n_cached],
                           layer_backends=self.layer_backends[:n_cached])
 
     @classmethod

@@ -151,22 +151,25 @@ def check_rms_norm():
 
 @check("rope")
 def check_rope():
-    """NORM and NEOX, with and without frequency factors, partial rotation (n_dims < head_dim),
-    far positions: the CPU's angles (built the same way), cos/sin to float32 rounding."""
+    """NORM and NEOX, with and without frequency factors, YaRN, partial rotation
+    (n_dims < head_dim), far positions: the CPU's angles (built the same way), cos/sin to float32
+    rounding."""
     from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import rope
     rng = np.random.default_rng(4)
     pos = np.array([0, 7, 30000], np.int64)
+    yarn = dict(n_ctx_orig=64, ext_factor=1.0, attn_factor=0.9)
     for neox in (False, True):
-        for factors in (None, (rng.random(16) + 0.5).astype(np.float32)):
-            spec = ops.RopeSpec(32, 10000.0, 0.5, neox, factors)
+        for factors, extra in ((None, {}), ((rng.random(16) + 0.5).astype(np.float32), {}),
+                               (None, yarn)):
+            spec = ops.RopeSpec(32, 10000.0, 0.5, neox, factors, **extra)
             x = rng.standard_normal((3, 2, 40)).astype(np.float32)
             want = spec.apply(x.copy(), pos).astype(np.float64)
             got = to_device(x)
             ff = factors if factors is not None else np.ones(16, np.float32)
             rope(got, to_device(pos), spec, to_device(ff))
             assert_close_f32(got.copy_to_host(), want, np.abs(x).max(), f"rope neox={neox} "
-                             f"factors={factors is not None}", ulps=8)
+                             f"factors={factors is not None} yarn={bool(extra)}", ulps=8)
 
 
 @check("swiglu")
