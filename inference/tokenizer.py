@@ -278,12 +278,8 @@ class Tokenizer:
         else:
             charsmap = _charsmap(meta)
             merge_spaces = meta.bool(_KEY + "remove_extra_whitespaces", False)
-            try:
-                self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, ids["unk"],
-                                     charsmap, self.add_space_prefix, merge_spaces)
-            except ValueError as e:  # the charsmap's own structure
-                raise ModelMetadataError(f"GGUF metadata {_KEY}precompiled_charsmap: {e}") \
-                    from None
+            self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, ids["unk"], charsmap,
+                                 self.add_space_prefix, merge_spaces)
         self._nl_id: int | None = None
 
     # ------------------------------------------------------------------ construction

@@ -160,6 +160,25 @@ def _spm_vocab() -> list:
             ("tokenizer.ggml.add_space_prefix", True, None)]
 
 
+def _charsmap() -> np.ndarray:
+    """A tiny SentencePiece precompiled_charsmap (llama.cpp's xcda_array_view layout: a u32
+    size, u32 nodes of (base << 10 | leaf << 8 | label), NUL-terminated replacements): "x" → "ks",
+    "A" → "a", "AB" → "b"."""
+    nodes = [0] * 256  # node 0: base 0, so a first byte c is looked up at node c
+
+    def node(base, leaf, label):
+        return base << 10 | leaf << 8 | label
+    nodes[ord("x")] = node(1, 1, ord("x"))  # "x": leaf; its value at x ^ 1
+    nodes[ord("x") ^ 1] = 0  # offset of "ks"
+    nodes[ord("A")] = node(2, 1, ord("A"))  # "A": leaf, value at A ^ 2; children from A ^ 2
+    nodes[ord("A") ^ 2] = 3  # offset of "a"
+    nodes[ord("A") ^ 2 ^ ord("B")] = node(4, 1, ord("B"))  # "AB"
+    nodes[ord("A") ^ 2 ^ ord("B") ^ 4] = 5  # offset of "b"
+    table = np.array(nodes, "<u4").tobytes()
+    blob = len(table).to_bytes(4, "little") + table + b"ks\0a\0b\0"
+    return np.frombuffer(blob, np.uint8).copy()
+
+
 def _ugm_vocab() -> list:
     tokens = ["<pad>", "</s>", "<unk>", "\u2581", "a", "b", "\u2581a", "ab", "\u2581ab", "c"]
     tokens += [f"u{i}" for i in range(N_VOCAB - len(tokens))]
@@ -172,6 +191,7 @@ def _ugm_vocab() -> list:
             *_ids(eos=1, unknown=2, padding=0),
             ("tokenizer.ggml.add_space_prefix", True, None),
             ("tokenizer.ggml.remove_extra_whitespaces", True, None),
+            ("tokenizer.ggml.precompiled_charsmap", _charsmap(), None),
             ("tokenizer.ggml.add_eos_token", True, None)]
 
 
@@ -331,6 +351,10 @@ def _elements(rng, key: str, value, vtype):
         items[i] = bad
         return items, vtype
     arr = np.array(value).copy()
+    if arr.dtype == np.uint8 and len(arr) > 16:  # a byte blob (the charsmap): a few bytes hit
+        for j in rng.sample(range(len(arr)), rng.randint(1, 8)):
+            arr[j] = rng.randrange(256)
+        return arr, vtype
     if arr.dtype.kind == "f":
         arr[i] = rng.choice([np.nan, np.inf, -np.inf, 3e38, -3e38])
     elif arr.dtype.kind in "iu":
@@ -422,7 +446,17 @@ def _tensor_edit(rng, names: list[str]) -> tuple:
         return ("rename", name)
     if kind == "fill":  # non-finite weights: one value, or all of them
         return ("fill", name, rng.choice(["nan", "inf", "-inf"]), rng.random() < 0.5)
-    return ("type", name, rng.choice(["F32", "BF16", "Q8_0", "I32"]))
+    return ("type", name, rng.choice(WEIGHT_TYPES + ("I32",)))
+
+
+# the weight types type edits give tensors (besides I32, which no kernel computes): the workers
+# warm up on a model holding each, so that no case waits for a kernel to compile
+WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
+WARMUP_TYPES = Case(-1, "llama-bpe", tensor_edits=[
+    ("type", "blk.0.attn_q.weight", "Q8_0"), ("type", "blk.0.attn_k.weight", "BF16"),
+    ("type", "blk.0.attn_v.weight", "F32"), ("type", "blk.0.attn_norm.weight", "BF16"),
+    ("type", "blk.0.ffn_norm.weight", "F16"), ("type", "token_embd.weight", "Q8_0"),
+    ("type", "output.weight", "BF16"), ("type", "blk.1.ffn_up.weight", "F32")])
 
 
 def make_cases(seed: int, n: int) -> list[Case]:
@@ -604,7 +638,7 @@ def _stages(path: str):
             events = list(eng.generate("ab", max_tokens=1))
             assert events[-1].kind == "done", events[-1]
             eng.detokenize(range(len(eng.tokenizer)))
-            eng.tokenize("a b\n<s>ab</s> [UNK]", parse_special=True)
+            eng.tokenize("a b\n<s>ab</s> [UNK] xAB Héllo", parse_special=True)
 
     return [("read", read), ("estimate", estimate), ("inspect", inspect), ("engine", engine)]
 
@@ -751,9 +785,9 @@ def run_cases(cases: list[Case], directory, n_workers: int = 2,
     """Runs the cases on `n_workers` worker processes; results in case order."""
     directory = pathlib.Path(directory)
     base_paths = []
-    for base in BASES:
-        path = directory / f"base-{base}.gguf"
-        write_case(Case(-1, base), path)
+    for name, case in [(b, Case(-1, b)) for b in BASES] + [("types", WARMUP_TYPES)]:
+        path = directory / f"base-{name}.gguf"
+        write_case(case, path)
         base_paths.append(str(path))
     results: list[Result | None] = [None] * len(cases)
     lock = threading.Lock()
