@@ -14,6 +14,7 @@ reading them through the same `Meta` checks.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ class ModelMetadataError(ValueError):
 
 def _short(value) -> str:
     if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) and len(value) > 8:
-        head = value[:4].tolist() if isinstance(value, np.ndarray) else list(value[:4])
+        head = value[:4].tolist() if isinstance(value, np.ndarray) else \
+            list(itertools.islice(value, 4))
         return f"{repr(head)[:-1]}, ...] ({len(value)} values)"[:80]
     text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
     return text if len(text) <= 60 else text[:57] + "..."
