@@ -677,10 +677,6 @@ def worker_main() -> None:
     for line in sys.stdin:
         path = line.rstrip("\n")
         print(json.dumps(run_one(path)), flush=True)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 # ----------------------------------------------------------------------------- the pool
@@ -762,6 +758,7 @@ class Result:
     stages: dict | None  # None: the worker crashed or hung
     seconds: float
     hung: bool = False
+    retried: bool = False  # the first attempt crashed or hung, the second answered
 
     @property
     def failures(self) -> list[str]:
@@ -778,6 +775,22 @@ class Result:
             return "failure"
         errors = [r[1] for r in self.stages.values() if r[0] == "clear"]
         return f"clear {errors[0]}" if errors else "ok"
+
+
+def _run_case(worker: Worker, case: Case, path: pathlib.Path, timeout: float) -> Result:
+    """The case on the worker; a case that crashes or hangs it runs once more on a fresh one
+    (a machine shared with other jobs can stall a process for seconds): only a repeat counts."""
+    for attempt in range(2):
+        write_case(case, path)
+        worker.ensure_started()  # (re)starting is not the case's time
+        t0 = time.monotonic()
+        answer = worker.ask(str(path), timeout)
+        seconds = time.monotonic() - t0
+        path.unlink(missing_ok=True)
+        if answer is not None:
+            break
+    return Result(case, answer, seconds, hung=answer is None and seconds >= timeout,
+                  retried=attempt > 0)
 
 
 def run_cases(cases: list[Case], directory, n_workers: int = 2,
@@ -802,16 +815,8 @@ def run_cases(cases: list[Case], directory, n_workers: int = 2,
                     i = next(pending, None)
                 if i is None or errors:
                     return
-                path = directory / f"w{worker_id}-case{cases[i].index}.gguf"
-                write_case(cases[i], path)
-                worker.ensure_started()  # (re)starting is not the case's time
-                t0 = time.monotonic()
-                answer = worker.ask(str(path), timeout)
-                seconds = time.monotonic() - t0
-                results[i] = Result(cases[i], answer, seconds,
-                                    hung=answer is None and seconds >= timeout)
-                if answer is None:
-                    path.unlink(missing_ok=True)
+                results[i] = _run_case(worker, cases[i], directory / f"w{worker_id}.gguf",
+                                       timeout)
         except BaseException as e:  # noqa: BLE001 - reported by the caller
             errors.append(e)
         finally:
@@ -838,6 +843,9 @@ def summary(results: list[Result]) -> str:
         c = by_class.get(cls, Counter())
         lines.append(f"  {cls:13s} ok {c['ok']:4d}  clear {c['clear']:4d}  failure "
                      f"{c['failure']:4d}")
+    retried = [r.case.index for r in results if r.retried]
+    if retried:
+        lines.append(f"cases that stalled or crashed once and then answered: {retried}")
     slowest = max(results, key=lambda r: r.seconds)
     lines.append(f"slowest case {slowest.seconds:.2f} s: {slowest.case.label[:120]}")
     return "\n".join(lines)
