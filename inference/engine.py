@@ -166,8 +166,7 @@ class Engine:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
             template = ChatTemplate.from_metadata(gguf.metadata, chat_template,
-                                                  add_bos=tokenizer.add_bos,
-                                                  add_eos=tokenizer.add_eos, tokens=tokenizer.vocab)
+                                                  tokenizer=tokenizer)
             report("Loading weights", 2, 3)
             model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
                                cache_type_v=cache_type_v, n_seq_max=n_parallel)
@@ -230,9 +229,8 @@ class Engine:
         if name_or_source == self.chat_template_choice:
             return
         self.chat_template_choice = name_or_source
-        self.template = ChatTemplate.from_metadata(
-            self.gguf.metadata, name_or_source, add_bos=self.tokenizer.add_bos,
-            add_eos=self.tokenizer.add_eos, tokens=self.tokenizer.vocab)
+        self.template = ChatTemplate.from_metadata(self.gguf.metadata, name_or_source,
+                                                   tokenizer=self.tokenizer)
 
     def prompt_tokens(self, prompt_or_messages) -> list[int]:
         """A raw prompt (str) or chat messages (list of {role, content}) as token ids, the way

@@ -14,6 +14,7 @@ reading them through the same `Meta` checks.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,9 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .catalog import Arch, get_arch
+from .gguf import GGUFValueType
 
-__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "read_hparams",
-           "swa_pattern_layers"]
+__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "is_integer",
+           "read_hparams", "swa_pattern_layers"]
 
 # llama_pooling_type by its number in `{arch}.pooling_type`: how a sequence's embedding is made
 # from its tokens' (none: one per token; rank: a reranker's classification head)
@@ -50,7 +52,11 @@ class ModelMetadataError(ValueError):
 
 
 def _short(value) -> str:
-    text = repr(value)
+    if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) and len(value) > 8:
+        head = value[:4].tolist() if isinstance(value, np.ndarray) else \
+            list(itertools.islice(value, 4))
+        return f"{repr(head)[:-1]}, ...] ({len(value)} values)"[:80]
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -58,14 +64,15 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
-def _is_int(value) -> bool:
+def is_integer(value) -> bool:
+    """An int (not a bool) or a numpy integer scalar."""
     return isinstance(value, int) and not isinstance(value, bool) or \
         type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None and \
         value.dtype.kind in "iu" and getattr(value, "ndim", 1) == 0
 
 
 def _is_number(value) -> bool:
-    return _is_int(value) or isinstance(value, float) or \
+    return is_integer(value) or isinstance(value, float) or \
         type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0 and \
         value.dtype.kind == "f"
 
@@ -102,7 +109,7 @@ class Meta:
         key, value, found = self._raw(name, default)
         if not found:
             return value
-        if not _is_int(value) or not lo <= int(value) <= hi:
+        if not is_integer(value) or not lo <= int(value) <= hi:
             raise self.fail(key, value, f"an integer in [{lo}, {hi}]")
         return int(value)
 
@@ -142,17 +149,17 @@ class Meta:
         key, value, found = self._raw(name, default)
         if not found:
             return (value,) * n_layer if value is not None else ()
-        if _is_int(value):
+        if is_integer(value):
             return (self.int(name, lo=lo, hi=hi),) * n_layer
         values = self._array(key, value, n_layer)
-        if not all(_is_int(v) and lo <= int(v) <= hi for v in values):
+        if not all(is_integer(v) and lo <= int(v) <= hi for v in values):
             raise self.fail(key, value, f"integers in [{lo}, {hi}]")
         return tuple(int(v) for v in values)
 
     def bools_per_layer(self, name: str, n_layer: int) -> tuple[bool, ...]:
         key, value, _ = self._raw(name, _REQUIRED)
         values = self._array(key, value, n_layer)
-        if not all(isinstance(v, bool) or _is_int(v) and int(v) in (0, 1) for v in values):
+        if not all(isinstance(v, bool) or is_integer(v) and int(v) in (0, 1) for v in values):
             raise self.fail(key, value, f"{n_layer} bools")
         return tuple(bool(v) for v in values)
 
@@ -165,6 +172,49 @@ class Meta:
         if not all(_is_number(v) and math.isfinite(float(v)) for v in values):
             raise self.fail(key, value, "an array of finite numbers")
         return tuple(float(v) for v in values)
+
+    def strings(self, name: str, default=_REQUIRED, lo: int = 0, hi: int = MAX_VOCAB) -> list:
+        """An array of lo..hi strings (a vocabulary, merges)."""
+        key, value, found = self._raw(name, default)
+        if not found:
+            return value
+        declared = getattr(self.md, "types", {}).get(key)
+        ok = declared is not None and declared.element is not None and \
+            declared.element.type == GGUFValueType.STRING and isinstance(value, list)
+        if not ok:  # not what the file reader gives for a string array: look at every element
+            ok = all(isinstance(v, str) for v in self._array(key, value, None))
+        if not ok or not lo <= len(value) <= hi:
+            raise self.fail(key, value, f"an array of {lo} to {hi} strings")
+        return value
+
+    def numbers(self, name: str, default=_REQUIRED, kind: str = "float", min_len: int = 0,
+                lo: float = -math.inf, hi: float = math.inf) -> np.ndarray:
+        """An array of at least `min_len` numbers in [lo, hi] (NaN never), as a numpy array
+        (int64 for kind "int", float32 for "float"), checked without a Python loop over a
+        large file array."""
+        key, value, found = self._raw(name, default)
+        if not found:
+            return value
+        what = f"an array of at least {min_len} {'integers' if kind == 'int' else 'numbers'}" \
+            + (f" in [{lo:g}, {hi:g}]" if (lo, hi) != (-math.inf, math.inf) else "")
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            ok = value.dtype.kind in ("iu" if kind == "int" else "iuf")
+            arr = np.minimum(value, 2**63 - 1).astype(np.int64) if ok and \
+                value.dtype == np.uint64 else value
+        else:  # a list made by hand: no nested lists, no strings, no bools
+            values = self._array(key, value, None)
+            ok = all(is_integer(v) if kind == "int" else _is_number(v) for v in values)
+            arr = np.array([min(max(int(v), -2**63), 2**63 - 1) for v in values], np.int64) \
+                if ok and kind == "int" else np.array(values if ok else [], np.float64)
+        if ok and len(arr):
+            ok = not (arr.dtype.kind == "f" and np.isnan(arr).any()) and \
+                bool(lo <= arr.min()) and bool(arr.max() <= hi)
+        if not ok or len(arr) < min_len:
+            raise self.fail(key, value, what)
+        if kind == "int":
+            return arr.astype(np.int64)
+        with np.errstate(over="ignore"):
+            return arr.astype(np.float32)
 
     def _array(self, key: str, value, n: int | None) -> list:
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or \
@@ -282,12 +332,21 @@ def _uniform(meta: Meta, name: str, n_layer: int, **bounds) -> int:
 
 
 def _vocab_size(gguf) -> int:
+    """token_embd's row count, which must be the vocabulary's size (llama.cpp creates the tensor
+    with one row per token of tokenizer.ggml.tokens, and refuses another shape)."""
     tok = gguf.tensors.get("token_embd.weight")
     if tok is None:
         raise ModelMetadataError("the model has no token_embd.weight")
     if len(tok.shape) != 2 or not 0 < tok.shape[0] <= MAX_VOCAB:
         raise ModelMetadataError(f"token_embd.weight has shape {tuple(tok.shape)}: expected "
                                  f"(n_vocab ≤ {MAX_VOCAB}, n_embd)")
+    md, key = gguf.metadata, "tokenizer.ggml.tokens"
+    if key in md:  # its type is the tokenizer's to check
+        n_tokens = md.length(key) if hasattr(md, "length") else \
+            len(md[key]) if isinstance(md[key], (list, np.ndarray)) else None
+        if n_tokens is not None and n_tokens != tok.shape[0]:
+            raise ModelMetadataError(f"token_embd.weight has {tok.shape[0]} rows but {key} has "
+                                     f"{n_tokens} tokens: expected one row per token")
     return int(tok.shape[0])
 
 
@@ -371,7 +430,7 @@ def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:
         return
     hp.n_swa = meta.int("attention.sliding_window", arch.n_swa, lo=0, hi=MAX_CONTEXT)
     if meta.has("attention.sliding_window_pattern") and \
-            not _is_int(meta.md[meta.key("attention.sliding_window_pattern")]):
+            not is_integer(meta.md[meta.key("attention.sliding_window_pattern")]):
         hp.swa_layers = meta.bools_per_layer("attention.sliding_window_pattern", hp.n_layer)
     else:
         pattern = meta.int("attention.sliding_window_pattern", arch.swa_pattern, lo=0,

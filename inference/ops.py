@@ -27,6 +27,10 @@
   `gelu`: the same table on its own (ggml_vec_gelu_f32, BERT's FFN).
 - f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
 
+Kernels that divide use numba's "numpy" error model: a division by zero gives inf or NaN as in
+ggml's C, instead of raising ZeroDivisionError inside a kernel, so that broken weights (NaN, inf)
+flow through to the logits, where the scheduler stops with NonFiniteLogitsError.
+
 Element-wise kernels run on numba's threads for a prompt's worth of rows and on the calling
 thread alone for a token's (waking threads costs more than a few thousand values take).
 """
@@ -49,7 +53,7 @@ from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vl
 # ----------------------------------------------------------------------------- RMS norm
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _rms_norm_rows(x, w, eps, out, serial):
     threads = threads_get()
     if serial:
@@ -124,7 +128,7 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -
 # ----------------------------------------------------------------------------- RoPE
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _rope_tables(pos, half, theta_scale, freq_scale, freq_factors, corr_lo, corr_hi, ext_factor,
                  mscale, cos_out, sin_out):
     one = np.float32(1.0)
@@ -246,7 +250,7 @@ def exp_values(x: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _softcapped(x, softcap):
     """llama.cpp's attention logit soft-capping, tanh(x / cap) * cap as its graph computes it
     (ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap); x itself when softcap is 0."""
@@ -255,7 +259,8 @@ def _softcapped(x, softcap):
     return x
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
+            error_model="numpy")
 def _softmax_masked(s, mask, scale, softcap):
     # s: (B, n, n_kv) scores, mask: (n, n_kv); rows in parallel (a prompt's chunk has hundreds)
     b_count, n, n_kv = s.shape
@@ -466,7 +471,8 @@ def _scores16(q, qo, k, ko, j, d_k, s, so):
                             a15))
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
+            error_model="numpy")
 def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, cells, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Work item = (token, KV head, piece of `cells` cells): scores, their max m,
@@ -574,7 +580,7 @@ def _load_impl(a, i, j, lut):
     return lambda a, i, j, lut: a[i, j]
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
 def _attention_rows(q, k, v, lut, mask, scale, softcap, out):
     # q (n, H, D) f32; k (n_kv, Hkv*D), v (n_kv, Hkv*Dv) f32 or fp16 bits; out (n, H, Dv)
     n, n_head, d_k = q.shape

@@ -88,19 +88,13 @@ def _layer_of(tensor_name: str) -> int | None:
 
 
 def _array_len(md, key: str) -> int:
-    raw = getattr(md, "_raw", {}).get(key)
-    if raw is not None:
-        starts = getattr(raw, "starts", None)
-        if starts is not None:
-            return len(starts)
-        try:
-            return len(raw)
-        except TypeError:
-            pass
-    try:
-        return len(md[key]) if key in md else 0
-    except (TypeError, KeyError):
+    """An array's element count (0 when absent or not an array), undecoded when md can."""
+    if key not in md:
         return 0
+    if hasattr(md, "length"):
+        return md.length(key) or 0
+    value = md[key]
+    return len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else 0
 
 
 @dataclass
