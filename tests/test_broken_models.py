@@ -145,7 +145,8 @@ def test_kernels_carry_nan_and_inf_through():
     rng = np.random.default_rng(0)
     zeros = np.zeros((3, 16), np.float32)
     assert np.isnan(ops.rms_norm(zeros, np.ones(16, np.float32), 0.0)).all()  # 0 / sqrt(0)
-    cos, sin = ops.rope_tables(np.arange(4), 16, 10000.0, freq_factors=np.zeros(8, np.float32))
+    cos, sin = ops.rope_tables(np.arange(4), ops.RopeSpec(16, 10000.0,
+                                                          freq_factors=np.zeros(8, np.float32)))
     assert not np.isfinite(cos[1:]).any()  # theta / 0
     for n, d in ((1, 16), (2, 8), (20, 16), (20, 8)):  # decode kernels, GEMM and numpy paths
         q = rng.standard_normal((n, 4, d)).astype(np.float32)
