@@ -1,5 +1,7 @@
 """The CUDA kernels checked against the CPU backend: run as a script, on a GPU or under numba's
-CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`, as tests/test_cuda_kernels.py runs it in CI).
+CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`, as tests/test_cuda_kernels.py runs it in CI). The
+checks of the CUDA backend and of offloaded models (tests/cuda_backend_checks.py) run in the
+same process; `simulated_results()` runs them all once per test session.
 
 numba reads NUMBA_ENABLE_CUDASIM when numba.cuda is first imported, so the checks run in a
 process of their own; this module imports nothing of numba at import time, so that the pytest
@@ -16,6 +18,8 @@ import traceback
 import warnings
 
 import numpy as np
+
+from cuda_backend_checks import BACKEND_CHECKS  # the backend's checks (no numba imported)
 
 MARK = "CUDA-CHECK "
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "quant_vectors.npz"
@@ -96,7 +100,7 @@ def cpu_dequantize(type_name, rows):
 def check_registry():
     from llamatui.inference.cuda.dequant import DEVICE_TYPES
     from llamatui.inference.matmul import supported_matmul_types
-    assert tuple(DEVICE_TYPES) == WEIGHT_TYPES == supported_matmul_types()
+    assert set(DEVICE_TYPES) == set(WEIGHT_TYPES) == set(supported_matmul_types())
 
 
 def check_dequantize(type_name):
@@ -267,6 +271,37 @@ def check_attention_f32_mixed():
 
 
 CHECK_NAMES = tuple(CHECKS)
+# the CUDA backend and the offloaded model (tests/cuda_backend_checks.py), run in the same process
+CHECKS.update(BACKEND_CHECKS)
+ALL_CHECK_NAMES = tuple(CHECKS)
+
+
+def run_checks(extra_env: dict[str, str], names=(), timeout: float = 1800):
+    """Runs checks (all when `names` is empty) in a child process with `extra_env`; returns the
+    process and {name: record}."""
+    import os
+    import subprocess
+    env = dict(os.environ, **extra_env)
+    proc = subprocess.run([sys.executable, __file__, *names], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            record = json.loads(line[len(MARK):])
+            results[record["check"]] = record
+    return proc, results
+
+
+_simulated = None
+
+
+def simulated_results():
+    """Every check under the simulator, run once per pytest session (the kernel and the backend
+    tests share the one child process)."""
+    global _simulated
+    if _simulated is None:
+        _simulated = run_checks({"NUMBA_ENABLE_CUDASIM": "1"})
+    return _simulated
 
 
 def main(names):
@@ -276,7 +311,7 @@ def main(names):
         sys.setswitchinterval(2e-4)
         # it computes with numpy scalars, which warn where a GPU silently makes inf and NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-    for name in names or CHECK_NAMES:
+    for name in names or ALL_CHECK_NAMES:
         try:
             CHECKS[name]()
             record = {"check": name, "ok": True, "error": ""}
