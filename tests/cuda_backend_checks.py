@@ -26,6 +26,11 @@ PROMPT = "the cat sat on a mat"
 MAX_NEW = 5
 
 
+def check_rng(n: int) -> np.random.Generator:
+    """Inputs of check n under the seed cuda_checks.SEED (LLAMATUI_CHECK_SEED)."""
+    return np.random.default_rng([n, int(os.environ.get("LLAMATUI_CHECK_SEED", "0"))])
+
+
 def check(name):
     def register(fn):
         BACKEND_CHECKS[name] = fn
@@ -182,7 +187,7 @@ def _weight(type_name, n_rows, rng):
 def check_backend_matmul():
     """Decode tokens (fused matvec) and a prompt (fp16 tiles and a GEMM): the float64 product of
     what each path multiplies, up to float32 rounding."""
-    rng = np.random.default_rng(20)
+    rng = check_rng(20)
     be = cuda_backend()
     for type_name in ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K"):
         tensor, wf = _weight(type_name, 4, rng)
@@ -202,7 +207,7 @@ def check_backend_matmul():
 def check_backend_get_rows():
     """The embedding lookup on the device is the CPU's, bit for bit."""
     from llamatui.inference.backend import CPUBackend
-    rng = np.random.default_rng(21)
+    rng = check_rng(21)
     be, cpu = cuda_backend(), CPUBackend()
     for type_name in ("Q8_0", "Q4_K", "F16"):
         tensor, _ = _weight(type_name, 4, rng)
@@ -216,7 +221,7 @@ def check_backend_elementwise():
     """RMS norm, RoPE (NORM and NEOX), SwiGLU, GeGLU, add and scale against CPUBackend."""
     from llamatui.inference import ops
     from llamatui.inference.backend import CPUBackend
-    rng = np.random.default_rng(22)
+    rng = check_rng(22)
     be, cpu = cuda_backend(), CPUBackend()
     x = (rng.standard_normal((3, 2, 32)) * 3).astype(np.float32)
     w = (1 + 0.1 * rng.standard_normal(32)).astype(np.float32)
@@ -247,7 +252,7 @@ def check_backend_kv_store():
     """K/V rows written on the device are the CPU cache's bytes (f32, f16 rounded to nearest
     even, q8_0 with roundf), and read back as the CPU reads them."""
     from llamatui.inference.kv_cache import HostKVStore
-    rng = np.random.default_rng(23)
+    rng = check_rng(23)
     be = cuda_backend()
     x = rng.standard_normal((3, 2, 32)).astype(np.float32)
     x[0, 0, :6] = [0.49999997, 65520.0, 1e-8, -3e-8, 0.0, 2.5]  # ties, overflow, subnormals
@@ -313,7 +318,7 @@ def _attention_case(k_type, v_type, n_tok, n_swa, rng):
 def check_backend_attention():
     """The decode kernel (a few tokens) and the prompt path (GEMMs) against the CPU, f16 and
     q8_0 caches, grouped heads, two sequences, with and without a sliding window."""
-    rng = np.random.default_rng(24)
+    rng = check_rng(24)
     _attention_case("f16", "f16", 2, 0, rng)
     _attention_case("q8_0", "f16", 3, 5, rng)
     _attention_case("f16", "q8_0", 10, 0, rng)

@@ -250,7 +250,10 @@ def _allow_unsynchronized_interface() -> None:
     """numba synchronizes the stream a CUDA-array-interface object names on every kernel launch
     (NUMBA_CUDA_ARRAY_INTERFACE_SYNC); every array here is used on the stream it was made on,
     and a synchronization would both stall each launch and break graph capture."""
+    import os
+
     from numba.core import config
+    os.environ["NUMBA_CUDA_ARRAY_INTERFACE_SYNC"] = "0"  # numba re-reads its settings from it
     config.CUDA_ARRAY_INTERFACE_SYNC = False
     try:  # numba-cuda's own copy of the setting, where it has one
         from numba.cuda.core import config as cuda_config
