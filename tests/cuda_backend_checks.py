@@ -250,7 +250,8 @@ def check_backend_elementwise():
 @check("backend_kv_store")
 def check_backend_kv_store():
     """K/V rows written on the device are the CPU cache's bytes (f32, f16 rounded to nearest
-    even, q8_0 with roundf), and read back as the CPU reads them."""
+    even, q8_0 with roundf), read back as the CPU reads them, and shifted (seq_add) alike."""
+    from llamatui.inference.backend import CPUBackend
     from llamatui.inference.kv_cache import HostKVStore
     rng = check_rng(23)
     be = cuda_backend()
@@ -265,6 +266,16 @@ def check_backend_kv_store():
         dev.write(cells, be.take(x))
         assert_bits(be.rt.download(dev.data), host.data, f"{type_name} rows")
         assert_bits(dev.read_cells(cells), host.read_cells(cells), f"{type_name} read back")
+    # a context shift re-ropes the device's K rows as the CPU's
+    from llamatui.inference import ops
+    from llamatui.inference.kv_cache import KVCache
+    caches = [KVCache(8, 1, 2, 32, type_k="q8_0", layer_rope=[ops.RopeSpec(32, 1e4)],
+                      layer_backends=[b]) for b in (CPUBackend(), be)]
+    for cache in caches:
+        cache.store_cells(cells, [4, 5, 6], [(0,)] * 3)
+        cache.write(0, cells, x, x)
+        cache.seq_add(0, 5, -1, -3)
+    assert_bits(be.rt.download(caches[1].k[0].data), caches[0].k[0].data, "shifted K")
 
 
 class _Batch:

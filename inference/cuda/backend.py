@@ -196,6 +196,11 @@ class CUDABackend(Backend):
         self.rt.upload_into(b.n_kv, np.array([n_kv], np.int32))
         self._batch, self._batch_host = ctx, host
 
+    @property
+    def batch_buffers(self) -> _BatchBuffers | None:
+        """The device buffers of the batch inputs (graphs.py keeps graphs that read them)."""
+        return self._buffers
+
     def batch_array(self, values: np.ndarray, name: str):
         """The device copy of the current batch's `name` input when `values` is that input
         (the same array object), else `values` uploaded."""

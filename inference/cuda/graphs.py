@@ -38,6 +38,7 @@ class DecodeGraphs:
         self._graphs: OrderedDict = OrderedDict()
         self._seen: set = set()
         self._eager: set = set()  # shapes that could not be captured
+        self._buffers = None  # the batch buffers the graphs read (new ones: graphs are stale)
         self.replays = 0
         self.captures = 0
         self.failures: list[str] = []  # why a shape stayed eager (one line each)
@@ -47,6 +48,9 @@ class DecodeGraphs:
         captured, or replayed. Returns the logits as forward() does."""
         if ctx.n_tokens > MAX_TOKENS:
             return forward()
+        if self.backend.batch_buffers is not self._buffers:
+            self._graphs.clear()
+            self._buffers = self.backend.batch_buffers
         key = (ctx.n_tokens, ctx.out_rows.tobytes())
         graph = self._graphs.get(key)
         if graph is not None:
