@@ -22,11 +22,15 @@ def gpu_fits(gpu, runs) -> str:
             continue
         est = fit.estimate
         n = model_recommend.offload_plan(est, [gpu.vram_free]).n_gpu_layers
-        total = est.shape.n_layer + 1
-        if n:
-            parts.append(f"{name} ({'all ' if n == total else ''}{n}"
-                         f"{'' if n == total else f' of {total}'} layers)")
-    return ", ".join(parts) or "no model's layers"
+        total = est.shape.n_layer + 1  # llama.cpp's count: the output layer is one
+        if not n:
+            continue
+        if est.approximate:  # a shape guessed from the file size: no layer counts
+            parts.append(f"{name}: {'all layers' if n == total else 'some layers'}")
+        else:
+            parts.append(f"{name}: {f'all {total}' if n == total else f'{n} of {total}'} "
+                         f"layers")
+    return "; ".join(parts) or "no model's layers"
 
 
 def machine_rows(hw, runs=()) -> list[tuple[str, str]]:

@@ -429,10 +429,10 @@ def check_offload_crossings():
         assert [dict(be.crossings) for be in gpus] == [{"in": 1}, {"in": 1, "out": 1}]
         moved = [{k: v - b.get(k, 0) for k, v in be.rt.transfers.items() if v != b.get(k, 0)}
                  for be, b in zip(gpus, before)]
-        # per device the batch's 7 inputs (tokens, positions, cells, sequences, the cells'
-        # positions and sequences, n_kv); GPU 0 gets the hidden states from the CPU, GPU 1
-        # from GPU 0 (a peer copy) and hands the logits back
-        assert moved == [{"upload": 8}, {"upload": 7, "peer": 1, "download": 1}], moved
+        # per device the batch's inputs in 3 copies (token ids, positions, cells, sequences
+        # and n_kv in one; the cells' positions; their sequences); GPU 0 gets the hidden states
+        # from the CPU, GPU 1 from GPU 0 (a peer copy) and hands the logits back
+        assert moved == [{"upload": 4}, {"upload": 3, "peer": 1, "download": 1}], moved
 
 
 @check("offload_out_of_memory")

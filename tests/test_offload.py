@@ -316,7 +316,7 @@ def test_hw_lists_each_gpu_with_what_fits(monkeypatch, capsys, tmp_path):
     assert main(["hw", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     big, small = (g["fits"] for g in data["gpus"])
-    assert "SmolLM2 135M Instruct (Q4_1) (all" in big and "of" not in big.split("(all")[1][:6]
+    assert big == "SmolLM2 135M Instruct (Q4_1): all layers; Gemma 3 270M (Q4_K_M): all layers"
     assert small == "no model's layers"  # 1 GiB free is the margin -ngl auto keeps
     assert data["gpu_offload"] == "ready (CuPy and numba-cuda)"
     assert main(["hw"]) == 0

@@ -109,17 +109,32 @@ class DeviceKVStore:
 
 
 class _BatchBuffers:
-    """The device copies of one micro-batch's inputs; allocated once, so their addresses stay."""
+    """The device copies of one micro-batch's inputs; allocated once, so their addresses stay.
+    The token ids, positions, cells, first sequences and n_kv are one int64 array, uploaded
+    with one copy from a host staging array of the same layout; the cells' positions and
+    sequences are two more copies."""
+
+    NAMES = ("tokens", "positions", "cells", "seq_first")
 
     def __init__(self, rt: DeviceRuntime, n_tokens: int, n_ctx: int, n_seq: int):
-        self.tokens = rt.zeros(n_tokens, np.int64)
-        self.positions = rt.zeros(n_tokens, np.int64)
-        self.cells = rt.zeros(n_tokens, np.int64)
-        self.seq_first = rt.zeros(n_tokens, np.int64)
+        self.host = np.zeros(len(self.NAMES) * n_tokens + 1, np.int64)
+        self.inputs = rt.zeros(self.host.shape, np.int64)
+        for i, name in enumerate(self.NAMES):
+            setattr(self, name, self.inputs[i * n_tokens:(i + 1) * n_tokens])
+        self.n_kv = self.inputs[-1:]
         self.cell_pos = rt.zeros(n_ctx, np.int32)
         self.cell_seq = rt.zeros((n_ctx, n_seq), np.bool_)
-        self.n_kv = rt.zeros(1, np.int32)
         self.shape = (n_tokens, n_ctx, n_seq)
+
+    def upload(self, rt: DeviceRuntime, host: dict, n_kv: int, kv) -> None:
+        cap = self.shape[0]
+        for i, name in enumerate(self.NAMES):
+            values = host[name]
+            self.host[i * cap:i * cap + len(values)] = values
+        self.host[-1] = n_kv
+        rt.upload_into(self.inputs, self.host)
+        rt.upload_into(self.cell_pos[:n_kv], kv.pos[:n_kv])
+        rt.upload_into(self.cell_seq[:n_kv], kv.seq[:n_kv])
 
 
 class CUDABackend(Backend):
@@ -186,14 +201,9 @@ class CUDABackend(Backend):
         b = self._buffers
         if b is None or any(want > have for want, have in zip(shape, b.shape)):
             b = self._buffers = _BatchBuffers(self.rt, *shape)
-        n_kv = ctx.n_kv
         host = {"tokens": ctx.tokens, "positions": ctx.positions, "cells": ctx.cells,
                 "seq_first": ctx.seq_first}
-        for name, values in host.items():
-            self.rt.upload_into(getattr(b, name)[:n], values)
-        self.rt.upload_into(b.cell_pos[:n_kv], kv.pos[:n_kv])
-        self.rt.upload_into(b.cell_seq[:n_kv], kv.seq[:n_kv])
-        self.rt.upload_into(b.n_kv, np.array([n_kv], np.int32))
+        b.upload(self.rt, host, ctx.n_kv, kv)
         self._batch, self._batch_host = ctx, host
 
     @property
