@@ -407,6 +407,30 @@ def check_offload_graph_replay():
     assert (g.captures, g.replays, g.failures) == (1, 4, []), (g.captures, g.replays, g.failures)
 
 
+@check("offload_tied_output")
+def check_offload_tied_output():
+    """A tied output matrix (Gemma 3's token embedding) offloaded alone (-ngl 1): the device gets
+    its own copy while the lookup stays on the CPU, as llama.cpp duplicates it; fully offloaded
+    the one device copy serves both."""
+    from llamatui.inference.model import Model
+    path = tiny_model("gemma3")
+    with simulated_devices(4 * GIB):
+        head_only = Model.load(path, n_ctx=64, n_gpu_layers=1, split_mode="none")
+        everything = Model.load(path, n_ctx=64, n_gpu_layers=-1, split_mode="none")
+    gpu = head_only.placement.output
+    assert head_only.placement.input.device is None and gpu.device is not None
+    assert "token_embd.weight" in gpu._weights and head_only.weights.output is not \
+        head_only.weights.tok_embd
+    gpu = everything.placement.output
+    assert everything.placement.input is gpu and everything.weights.output is \
+        everything.weights.tok_embd
+    cpu = Model.load(path, n_ctx=64)
+    for model in (head_only, everything):
+        a, b = cpu.decode([0, 5, 6]), model.decode([0, 5, 6])
+        assert np.abs(a - b).max() <= 0.02 * np.abs(a).max()
+        cpu.kv.clear()
+
+
 @check("offload_crossings")
 def check_offload_crossings():
     """Hidden states cross each device boundary once per batch, and nothing else moves: with the
