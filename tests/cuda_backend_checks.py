@@ -292,9 +292,22 @@ class _Batch:
         self.mask = types.MethodType(ForwardContext.mask, self)
 
 
-def _attention_case(k_type, v_type, n_tok, n_swa, rng):
+def _softcapped_attention(q, k, v, mask, scale, softcap):
+    """The float64 reference of soft-capped attention: softmax(tanh(q·k/c)·c·scale + mask)·v."""
+    n, n_head, d = q.shape
+    grp = n_head // k.shape[1]
+    kk = np.repeat(k.astype(np.float64), grp, axis=1)
+    vv = np.repeat(v.astype(np.float64), grp, axis=1)
+    s = np.einsum("thd,jhd->htj", q.astype(np.float64), kk)
+    s = np.tanh(s / softcap) * softcap * scale + mask[None]
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("htj,jhd->thd", p, vv).reshape(n, -1)
+
+
+def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0):
     """Attention of n_tok tokens of two interleaved sequences through the cache on both
-    backends."""
+    backends (with softcap: the device against the float64 reference)."""
     from llamatui.inference.backend import CPUBackend, KQMask
     from llamatui.inference.kv_cache import KVCache
     n_head, n_head_kv, d = 4, 2, 32
@@ -319,10 +332,18 @@ def _attention_case(k_type, v_type, n_tok, n_swa, rng):
                        np.array([s[0] for s in seqs[n_old:]]))
         b.begin_batch(batch)
         k_all, v_all = cache.read(0, batch.n_kv)
-        outs.append(b.to_host(b.attention(b.take(q), k_all, v_all, KQMask(batch, n_swa), 0.2)))
+        if softcap and b is cpu:
+            outs.append(_softcapped_attention(q, cache.k[0].read_f32(batch.n_kv),
+                                              cache.v[0].read_f32(batch.n_kv),
+                                              KQMask(batch, n_swa).dense(), 0.2, softcap))
+            continue
+        kw = {"softcap": softcap} if softcap else {}
+        outs.append(b.to_host(b.attention(b.take(q), k_all, v_all, KQMask(batch, n_swa), 0.2,
+                                          **kw)))
     magnitude = np.abs(caches[0].v[0].read_f32(n_ctx)).max()
     assert_close(outs[1], outs[0].astype(np.float64), magnitude,
-                 f"attention {k_type}/{v_type}, {n_tok} tokens, window {n_swa}", ulps=32)
+                 f"attention {k_type}/{v_type}, {n_tok} tokens, window {n_swa}, softcap "
+                 f"{softcap}", ulps=32)
 
 
 @check("backend_attention")
@@ -334,6 +355,51 @@ def check_backend_attention():
     _attention_case("q8_0", "f16", 3, 5, rng)
     _attention_case("f16", "q8_0", 10, 0, rng)
     _attention_case("f32", "f16", 10, 6, rng)
+    _attention_case("f32", "f16", 2, 0, rng, softcap=2.0)  # Gemma 2's soft-capped scores
+    _attention_case("f32", "f32", 10, 5, rng, softcap=2.0)
+
+
+@check("backend_encoder_ops")
+def check_backend_encoder_ops():
+    """What encoders and newer RoPE need: attention over the batch's own K and V with a dense
+    mask (embeddings without the cache), GELU (the fp16 table), LayerNorm, and RoPE with the
+    CPU's cos/sin tables (taken for YaRN or an attention factor)."""
+    from llamatui.inference import ops
+    from llamatui.inference.backend import CPUBackend
+    rng = check_rng(25)
+    be, cpu = cuda_backend(), CPUBackend()
+    q = rng.standard_normal((6, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    mask = np.where(rng.random((6, 6)) < 0.7, 0.0, -np.inf).astype(np.float32)
+    np.fill_diagonal(mask, 0.0)
+    want = cpu.attention(q, k, v, mask, 0.3).astype(np.float64)
+    got = be.to_host(be.attention(be.take(q), be.take(k), be.take(v), mask, 0.3))
+    assert_close(got, want, np.abs(v).max(), "attention over the batch", ulps=32)
+    x = (rng.standard_normal((3, 64)) * 5).astype(np.float32)
+    x[0, :4] = [10.0, -10.0, 9.99, 0.0]
+    assert_bits(be.to_host(be.gelu(be.take(x))), ops.geglu(x, np.ones_like(x)), "gelu")
+    w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(64)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=1, keepdims=True)
+    want = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-5) * w + b
+    for bias in (b, None):
+        got = be.to_host(be.layer_norm(be.take(x), be.take(w),
+                                       None if bias is None else be.take(bias), 1e-5))
+        expected = want if bias is not None else want - b
+        assert_close(got, expected, np.abs(want) + np.abs(b), "layer_norm", ulps=16)
+
+    class AttnFactorSpec(ops.RopeSpec):  # a spec the kernel leaves to the CPU's tables
+        __slots__ = ("attn_factor",)
+
+    spec = AttnFactorSpec(32, 1e4, 0.5, True)
+    spec.attn_factor = 0.999
+    xr = rng.standard_normal((3, 2, 32)).astype(np.float32)
+    pos = np.array([1, 9, 300])
+    want = cpu.rope(xr.copy(), pos, spec).astype(np.float64)
+    assert_close(be.to_host(be.rope(be.take(xr), pos, spec)), want, np.abs(xr).max(),
+                 "rope with tables", ulps=4)
 
 
 # ----------------------------------------------------------------------------- the model

@@ -8,7 +8,9 @@ own (and, with a sliding window n_swa > 0, less than n_swa before it), through K
 h // (n_head / n_head_kv). The mask is built in the kernel from the cells' positions and
 sequences, so nothing of size n_tok x n_kv is uploaded per step. The number of cells n_kv is
 read from device memory, not passed as a launch argument, so that a CUDA graph captured once
-serves every later step (llama.cpp updates its graphs' kernel parameters instead).
+serves every later step (llama.cpp updates its graphs' kernel parameters instead). softcap > 0
+soft-caps each score q·k to tanh(q·k / softcap) · softcap before the scale (Gemma 2's attention
+logit soft-capping, as ggml's flash-attention kernels take it).
 
 One thread block per (query head, token), as ggml's flash_attn_ext_vec (ggml-cuda/fattn-vec.cuh)
 does for decoding: the cells go by in tiles of one cell per thread. A thread computes its
@@ -26,8 +28,8 @@ import numpy as np
 from numba import cuda, types
 
 from .dequant import CHUNK, DEVICE_TYPES
-from .device import (NEG_INF, SIMULATED, ZERO, bits_f32, block_max, block_sum, device_function,
-                     half_at, i8_at, u32_at)
+from .device import (NEG_INF, ONE, SIMULATED, ZERO, bits_f32, block_max, block_sum,
+                     device_function, half_at, i8_at, u32_at)
 
 # the KV cache's storage types (kv_cache.CACHE_TYPES), as ggml type names
 KV_TYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}
@@ -73,7 +75,7 @@ def _make_attention_kernel(k_type: str, v_type: str):
 
     @cuda.jit
     def attention_kernel(q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
-                         n_kv_buf, scale, out):
+                         n_kv_buf, scale, softcap, out):
         q_row = cuda.shared.array(MAX_HEAD_DIM, np.float32)
         p = cuda.shared.array(TILE, np.float32)
         scratch = cuda.shared.array(32, np.float32)
@@ -106,6 +108,8 @@ def _make_attention_kernel(k_type: str, v_type: str):
                     k_decoder(k, j, (ci // k_cpb) * k_block_bytes, ci % k_cpb, vals)
                     for e in range(CHUNK):
                         dot += q_row[CHUNK * kc + e] * vals[e]
+                if softcap > ZERO:
+                    dot = math.tanh(dot * (ONE / softcap)) * softcap
                 s = dot * scale
             m_new = max(m, block_max(s, scratch))
             if m_new == NEG_INF:  # nothing visible yet (the same in every thread)
@@ -155,7 +159,8 @@ def kv_row_bytes(cache_type: str, n_values: int) -> int:
 
 
 def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_seq, tok_pos,
-              tok_seq, n_swa: int, scale: float, out, n_kv=None, stream=0):
+              tok_seq, n_swa: int, scale: float, out, n_kv=None, stream=0,
+              softcap: float = 0.0):
     """softmax(q·kᵀ·scale + mask)·v over cells [0, n_kv) into out.
 
     q: float32 (n_tok, n_head, d_k); k, v: the cache's rows as bytes, uint8 (n_cells, row_bytes)
@@ -196,5 +201,5 @@ def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_
     if n_tok:
         attention_kernel(k_type, v_type)[(n_head, n_tok), TILE, stream](
             q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(n_swa), n_kv_buf,
-            np.float32(scale), out)
+            np.float32(scale), np.float32(softcap), out)
     return out

@@ -31,7 +31,7 @@ from ..backend import Backend, KQMask, QWeight
 from . import attention as attention_kernels
 from . import kv as kv_kernels
 from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
-from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu
+from .elementwise import GELU_TABLE, geglu, rms_norm, rope, rope_with_tables, swiglu
 from .matvec import MAX_TOKENS, matvec
 from .runtime import DeviceRuntime, array_device
 
@@ -304,7 +304,15 @@ class CUDABackend(Backend):
         return out
 
     def rope(self, x, pos: np.ndarray, spec):
-        """Rotates x (n, n_head, head_dim) in place for the batch's positions."""
+        """Rotates x (n, n_head, head_dim) in place for the batch's positions: in the kernel,
+        which builds the angles as the CPU's rope cache does, for a plain spec (base, linear
+        scale, frequency factors); for one with YaRN or an attention factor (what the kernel
+        does not compute), with the CPU's own cos/sin tables for these positions."""
+        if getattr(spec, "ext_factor", 0.0) or getattr(spec, "attn_factor", 1.0) != 1.0:
+            cos, sin = spec.tables(np.asarray(pos))
+            self.rt.op(rope_with_tables, x, self.rt.upload(cos), self.rt.upload(sin),
+                       spec.n_dims, spec.neox, stream=self.rt.kernel_stream)
+            return x
         key = spec.key()
         factors = self._rope_factors.get(key)
         if factors is None:
@@ -315,22 +323,32 @@ class CUDABackend(Backend):
                    stream=self.rt.kernel_stream)
         return x
 
-    def attention(self, q, k: DeviceKV, v: DeviceKV, mask, scale: float):
-        """softmax(q·kᵀ·scale + mask)·v over the cache: (n, n_head * head_dim_v)."""
+    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0):
+        """softmax(q·kᵀ·scale + mask)·v: over the cache (k, v as DeviceKVStore.read gives them,
+        mask a KQMask), or over the batch's own K and V (float32 activations, a dense mask:
+        embeddings without the cache). softcap > 0 soft-caps q·k first. (n, n_head * d_v)."""
+        n, n_head, d_k = q.shape
+        if not isinstance(k, DeviceKV):  # the batch's own K and V
+            d_v = v.shape[2]
+            out = self._empty((n, n_head, d_v))
+            bias = self.rt.upload(np.ascontiguousarray(np.asarray(mask), dtype=np.float32))
+            self.rt.op(_attention_scores, self.rt.xp, q, k.reshape(k.shape[0], -1),
+                       v.reshape(v.shape[0], -1), bias, np.float32(scale), np.float32(softcap),
+                       k.shape[1], out)
+            return out.reshape(n, n_head * d_v)
         if not isinstance(mask, KQMask):
-            raise TypeError("CUDABackend.attention takes a KQMask (the cells' positions and "
-                            "sequences are on the device), not a dense mask")
+            raise TypeError("CUDABackend.attention over the cache takes a KQMask (the cells' "
+                            "positions and sequences are on the device), not a dense mask")
         if mask.ctx is not self._batch:
             self.begin_batch(mask.ctx)
-        n, n_head, _ = q.shape
         out = self._empty((n, n_head, v.head_dim))
         b = self._buffers
         if n <= MAX_TOKENS:
             self.rt.op(attention_kernels.attention, q, k.data, v.data, k.type, v.type, k.n_head,
                        b.cell_pos, b.cell_seq, b.positions[:n], b.seq_first[:n], mask.n_swa,
-                       scale, out, n_kv=b.n_kv, stream=self.rt.kernel_stream)
+                       scale, out, n_kv=b.n_kv, stream=self.rt.kernel_stream, softcap=softcap)
         else:
-            self._attention_gemm(q, k, v, mask, scale, out)
+            self._attention_gemm(q, k, v, mask, scale, softcap, out)
         return out.reshape(n, n_head * v.head_dim)
 
     def kv_f32(self, kv: DeviceKV, ids, n: int):
@@ -341,13 +359,13 @@ class CUDABackend(Backend):
                        stream=self.rt.kernel_stream)
         return out
 
-    def _attention_gemm(self, q, k: DeviceKV, v: DeviceKV, mask: KQMask, scale, out):
+    def _attention_gemm(self, q, k: DeviceKV, v: DeviceKV, mask: KQMask, scale, softcap, out):
         """A prompt's attention: K and V of cells [0, n_kv) dequantized to float32, then per
         chunk of query tokens scores = q·kᵀ (one batched GEMM per KV head group), the mask built
         from the cells' positions and sequences, softmax, and the GEMM with V (ggml's
         non-flash-attention path: mul_mat, soft_max_ext, mul_mat)."""
         n, n_head, d_k = q.shape
-        n_kv, d_v, n_head_kv = mask.n_kv, v.head_dim, k.n_head
+        n_kv, n_head_kv = mask.n_kv, k.n_head
         ids = self._ids(n_kv)
         kf, vf = self.kv_f32(k, ids, n_kv), self.kv_f32(v, ids, n_kv)
         b = self._buffers
@@ -356,7 +374,7 @@ class CUDABackend(Backend):
             t1 = min(n, t0 + step)
             self.rt.op(_attention_chunk, self.rt.xp, q[t0:t1], kf, vf, b.cell_pos[:n_kv],
                        b.cell_seq[:n_kv], b.positions[t0:t1], b.seq_first[t0:t1], mask.n_swa,
-                       np.float32(scale), n_head_kv, d_k, d_v, out[t0:t1])
+                       np.float32(scale), np.float32(softcap), n_head_kv, out[t0:t1])
 
     def swiglu(self, gate, up):
         out = self._empty(gate.shape)
@@ -368,6 +386,20 @@ class CUDABackend(Backend):
             self._gelu = self.rt.upload(GELU_TABLE)
         out = self._empty(gate.shape)
         self.rt.op(geglu, gate, up, out, self._gelu, stream=self.rt.kernel_stream)
+        return out
+
+    def gelu(self, x):
+        """gelu_tanh(x) through ggml's fp16 table, as the CPU (the GeGLU kernel times 1)."""
+        flat = x.reshape(-1, x.shape[-1])
+        ones = self._empty(flat.shape)
+        self.rt.op(ones.fill, np.float32(1.0))
+        return self.geglu(flat, ones).reshape(x.shape)
+
+    def layer_norm(self, x, w, b, eps: float):
+        """LayerNorm over the last axis times w plus b (None: no bias), the mean and variance
+        summed in float64 as ggml's CPU op (and ops.layer_norm) sums them."""
+        out = self._empty(x.shape)
+        self.rt.op(_layer_norm, self.rt.xp, x, w, b, np.float32(eps), out)
         return out
 
     def add(self, a, b):
@@ -382,20 +414,34 @@ class CUDABackend(Backend):
 
 
 def _attention_chunk(xp, q, kf, vf, cell_pos, cell_seq, tok_pos, tok_seq, n_swa, scale,
-                     n_head_kv, d_k, d_v, out):
-    """Attention of the query tokens q (m, n_head, d_k) over float32 K (n_kv, n_head_kv * d_k)
-    and V into out (m, n_head, d_v), with array module xp (CuPy on a GPU, numpy simulated)."""
-    m, n_head, _ = q.shape
-    n_kv = kf.shape[0]
-    grp = n_head // n_head_kv
+                     softcap, n_head_kv, out):
+    """Attention of the query tokens q (m, n_head, d_k) over float32 K and V of the cache's
+    cells (n_kv, n_head_kv * d) into out (m, n_head, d_v), the mask built from the cells'
+    positions and sequences (ops.build_kq_mask), with array module xp (CuPy, or numpy
+    simulated)."""
     visible = (cell_pos[None, :] >= 0) & (cell_pos[None, :] <= tok_pos[:, None]) \
         & cell_seq[:, tok_seq].T
     if n_swa > 0:
         visible &= (tok_pos[:, None] - cell_pos[None, :]) < n_swa
     bias = xp.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out)
+
+
+def _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out):
+    """softmax(softcap(q·kᵀ)·scale + bias)·v: q (m, n_head, d_k), kf (n_kv, n_head_kv * d_k),
+    vf (n_kv, n_head_kv * d_v) float32, bias (m, n_kv) of 0 / -inf; one batched GEMM per KV
+    head group for the scores and one for the values (ggml's mul_mat, soft_max_ext, mul_mat)."""
+    m, n_head, d_k = q.shape
+    n_kv = kf.shape[0]
+    d_v = vf.shape[1] // n_head_kv
+    grp = n_head // n_head_kv
     qh = q.reshape(m, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(n_head_kv, grp * m, d_k)
     kh = kf.reshape(n_kv, n_head_kv, d_k).transpose(1, 2, 0)
     s = xp.matmul(qh, kh).reshape(n_head_kv, grp, m, n_kv)
+    if softcap > 0:
+        s *= np.float32(1.0) / softcap
+        xp.tanh(s, out=s)
+        s *= softcap
     s *= scale
     s += bias
     s -= s.max(axis=-1, keepdims=True)
@@ -404,6 +450,16 @@ def _attention_chunk(xp, q, kf, vf, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
     vh = vf.reshape(n_kv, n_head_kv, d_v).transpose(1, 0, 2)
     o = xp.matmul(s.reshape(n_head_kv, grp * m, n_kv), vh)
     out[...] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)
+
+
+def _layer_norm(xp, x, w, b, eps, out):
+    d = x.shape[-1]
+    mean = (x.astype(np.float64).sum(axis=-1, keepdims=True) / d).astype(np.float32)
+    c = x - mean
+    var = ((c.astype(np.float64) ** 2).sum(axis=-1, keepdims=True) / d).astype(np.float32)
+    out[...] = c * (np.float32(1.0) / xp.sqrt(var + eps)) * w
+    if b is not None:
+        out += b
 
 
 __all__ = ["CUDABackend", "DeviceKVStore", "DeviceWeight"]
