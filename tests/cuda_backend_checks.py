@@ -361,9 +361,8 @@ def check_backend_attention():
 
 @check("backend_encoder_ops")
 def check_backend_encoder_ops():
-    """What encoders and newer RoPE need: attention over the batch's own K and V with a dense
-    mask (embeddings without the cache), GELU (the fp16 table), LayerNorm, and RoPE with the
-    CPU's cos/sin tables (taken for YaRN or an attention factor)."""
+    """What encoders need: attention over the batch's own K and V with a dense mask
+    (embeddings without the cache), GELU (the fp16 table), LayerNorm."""
     from llamatui.inference import ops
     from llamatui.inference.backend import CPUBackend
     rng = check_rng(25)
@@ -389,17 +388,6 @@ def check_backend_encoder_ops():
                                        None if bias is None else be.take(bias), 1e-5))
         expected = want if bias is not None else want - b
         assert_close(got, expected, np.abs(want) + np.abs(b), "layer_norm", ulps=16)
-
-    class AttnFactorSpec(ops.RopeSpec):  # a spec the kernel leaves to the CPU's tables
-        __slots__ = ("attn_factor",)
-
-    spec = AttnFactorSpec(32, 1e4, 0.5, True)
-    spec.attn_factor = 0.999
-    xr = rng.standard_normal((3, 2, 32)).astype(np.float32)
-    pos = np.array([1, 9, 300])
-    want = cpu.rope(xr.copy(), pos, spec).astype(np.float64)
-    assert_close(be.to_host(be.rope(be.take(xr), pos, spec)), want, np.abs(xr).max(),
-                 "rope with tables", ulps=4)
 
 
 # ----------------------------------------------------------------------------- the model

@@ -31,7 +31,7 @@ from ..backend import Backend, KQMask, QWeight
 from . import attention as attention_kernels
 from . import kv as kv_kernels
 from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
-from .elementwise import GELU_TABLE, geglu, rms_norm, rope, rope_with_tables, swiglu
+from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu
 from .matvec import MAX_TOKENS, matvec
 from .runtime import DeviceRuntime, array_device
 
@@ -304,15 +304,8 @@ class CUDABackend(Backend):
         return out
 
     def rope(self, x, pos: np.ndarray, spec):
-        """Rotates x (n, n_head, head_dim) in place for the batch's positions: in the kernel,
-        which builds the angles as the CPU's rope cache does, for a plain spec (base, linear
-        scale, frequency factors); for one with YaRN or an attention factor (what the kernel
-        does not compute), with the CPU's own cos/sin tables for these positions."""
-        if getattr(spec, "ext_factor", 0.0) or getattr(spec, "attn_factor", 1.0) != 1.0:
-            cos, sin = spec.tables(np.asarray(pos))
-            self.rt.op(rope_with_tables, x, self.rt.upload(cos), self.rt.upload(sin),
-                       spec.n_dims, spec.neox, stream=self.rt.kernel_stream)
-            return x
+        """Rotates x (n, n_head, head_dim) in place for the batch's positions (the kernel
+        builds the angles as the CPU's rope cache does)."""
         key = spec.key()
         factors = self._rope_factors.get(key)
         if factors is None:

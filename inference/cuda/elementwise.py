@@ -7,8 +7,6 @@ Each kernel computes what its CPU twin in `llamatui.inference.ops` computes, in 
   frequency factors (ggml-cuda/rope.cu rope_norm / rope_neox). The angle is built as ggml's CPU
   rope cache builds it, `theta = pos` multiplied by theta_scale once per pair, so the angles are
   bit for bit the CPU's (rope.cu's powf gives slightly different ones at long positions).
-- `rope_with_tables`: the same rotation with cos and sin computed on the host (RopeSpec.tables),
-  for the rotations `rope` does not build (YaRN, attention factors).
 - `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit ops.geglu.
@@ -127,48 +125,6 @@ def rope(x, pos, spec, freq_factors, stream=0):
         rope_kernel[_blocks(n, ELEMENT_THREADS), ELEMENT_THREADS, stream](
             x, pos, freq_factors, rope_theta_scale(spec.freq_base, spec.n_dims),
             np.float32(spec.freq_scale), spec.n_dims, spec.neox)
-    return x
-
-
-@cuda.jit
-def rope_tables_kernel(x, cos, sin, n_dims, neox):
-    """Rotates pair i of head h of token t (one thread each) by the given cos[t, i], sin[t, i]."""
-    k = cuda.grid(1)
-    n_tok, n_head, _ = x.shape
-    half = n_dims // 2
-    if k >= n_tok * n_head * half:
-        return
-    i = k % half
-    h = (k // half) % n_head
-    t = k // (half * n_head)
-    c = cos[t, i]
-    s = sin[t, i]
-    if neox:
-        j0 = i
-        j1 = i + half
-    else:
-        j0 = 2 * i
-        j1 = 2 * i + 1
-    x0 = x[t, h, j0]
-    x1 = x[t, h, j1]
-    x[t, h, j0] = x0 * c - x1 * s
-    x[t, h, j1] = x0 * s + x1 * c
-
-
-def rope_with_tables(x, cos, sin, n_dims: int, neox: bool, stream=0):
-    """Rotates x (n_tok, n_head, head_dim) float32 in place with cos and sin (n_tok, n_dims/2)
-    computed elsewhere (the CPU's RopeSpec.tables, for the rotations the rope kernel does not
-    build itself: YaRN, attention factors). Returns x."""
-    _check_f32("rope_with_tables", x=x, cos=cos, sin=sin)
-    half = n_dims // 2
-    if len(x.shape) != 3 or n_dims > x.shape[2] or n_dims % 2 \
-            or tuple(cos.shape) != (x.shape[0], half) or tuple(sin.shape) != (x.shape[0], half):
-        raise ValueError(f"rope_with_tables: x {tuple(x.shape)}, tables {tuple(cos.shape)} "
-                         f"and {tuple(sin.shape)}, n_dims {n_dims}")
-    n = x.shape[0] * x.shape[1] * half
-    if n:
-        rope_tables_kernel[_blocks(n, ELEMENT_THREADS), ELEMENT_THREADS, stream](
-            x, cos, sin, n_dims, neox)
     return x
 
 
