@@ -39,11 +39,14 @@ class EngineLoader:
     share one loaded engine between app instances."""
 
     context_policy = "shift"  # a long chat drops its oldest turns instead of failing
+    # llama.cpp's default: as many layers on the GPU as fit (the Hardware screen's plan); the
+    # CPU when there is no usable GPU
+    n_gpu_layers = "auto"
 
     def load(self, path: str, n_ctx: int, progress):
         from llamatui.inference import Engine
         return Engine.load(path, n_ctx=n_ctx, context_policy=self.context_policy,
-                           progress=progress)
+                           progress=progress, n_gpu_layers=self.n_gpu_layers)
 
     def release(self, engine) -> None:
         engine.close()

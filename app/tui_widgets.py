@@ -32,6 +32,18 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def gpu_fact(info) -> str:
+    """The engine panel's GPU line: layers offloaded and VRAM in use, or why the GPU is not used
+    when a GPU library is installed ('' on a CPU-only install: nothing to say)."""
+    from llamatui.inference.cuda.probe import CUPY_MISSING
+    n_gpu = getattr(info, "n_gpu_layers", 0)
+    if n_gpu:
+        return (f"{n_gpu}/{info.n_layer + 1} layers, "
+                f"{fmt_bytes(getattr(info, 'vram_bytes', 0))} VRAM")
+    note = getattr(info, "gpu_note", "")
+    return "" if not note or CUPY_MISSING in note else note
+
+
 def fmt_count(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.1f}B"
@@ -309,6 +321,9 @@ class EnginePanel(Vertical):
             facts.add_row("Quant", f"{info.quantization}, {fmt_bytes(info.file_bytes)}")
             facts.add_row("Params", fmt_count(info.n_params))
             facts.add_row("Context", f"{info.n_ctx} (trained {info.n_ctx_train})")
+            gpu = gpu_fact(info)
+            if gpu:
+                facts.add_row("GPU", gpu)
         self.query_one("#model-facts", Static).update(facts)
 
         run = Table.grid(padding=(0, 1))

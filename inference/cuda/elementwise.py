@@ -26,8 +26,8 @@ from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half
                      shfl_xor_i32)
 
 # threads per block; the simulator runs each thread as a Python thread and each barrier as a
-# polling round over them, so it gets 2 warps (the kernels take any whole number of warps)
-NORM_THREADS = 64 if SIMULATED else 256
+# polling round over them, so it gets one warp (the kernels take any whole number of warps)
+NORM_THREADS = 32 if SIMULATED else 256
 ELEMENT_THREADS = 256
 ARGMAX_THREADS = 64 if SIMULATED else 1024
 _TEN = np.float32(10.0)
