@@ -107,8 +107,8 @@ class FakeDevice(CPUBackend):
     def rope(self, x, pos, spec):
         return self.tag(super().rope(self.own(x), pos, spec))
 
-    def attention(self, q, k, v, mask, scale):
-        return self.tag(super().attention(self.own(q), k, v, mask, scale))
+    def attention(self, q, k, v, mask, scale, softcap=0.0):
+        return self.tag(super().attention(self.own(q), k, v, mask, scale, softcap))
 
     def swiglu(self, gate, up):
         return self.tag(super().swiglu(self.own(gate), self.own(up)))
