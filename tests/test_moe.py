@@ -152,7 +152,7 @@ def _broken(monkeypatch, family, change):
         change(r)
         return r
 
-    monkeypatch.setitem(synthetic_models.RECIPES, family, broken_recipe)
+    monkeypatch.setitem(synthetic_models.CASES, family, synthetic_models.Case(broken_recipe))
 
 
 def test_a_moe_model_without_chosen_experts_is_refused(monkeypatch, model_dir):

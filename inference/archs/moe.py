@@ -45,6 +45,7 @@ class MoETransformer(Transformer):
 
     norm_expert_weights = False  # build_moe_ffn's norm_w: the chosen weights sum to 1
     shared_expert = False  # a gated FFN every token goes through, scaled by a sigmoid gate
+    graph_capturable = False  # the experts are chosen on the host between the layer's kernels
 
     def read_hparams(self, meta: Meta, hp: HParams) -> None:
         super().read_hparams(meta, hp)
