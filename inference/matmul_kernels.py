@@ -79,6 +79,21 @@ def sums16(x):
 
 
 @njit(inline="always")
+def _row_dot(w, bo, x, xo, xs, so, nb, dot, BS, TS):
+    """One weight row (nb blocks from byte bo) . one token's activations (from xo; their
+    16-value sums from so): the inner loop of the decode kernels."""
+    a0 = vzero()
+    a1 = vzero()
+    ms = np.float32(0)
+    for _ in range(nb):
+        a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
+        bo += TS
+        xo += BS
+        so += BS // 16
+    return vsum(vadd(a0, a1)) + ms
+
+
+@njit(inline="always")
 def _matvec(w, x, out, serial, dot, BS, TS):
     """out[t, r] = x[t] . W[r]; `dot` accumulates one block (see `_dot_*`). With `serial`, the
     rows are done by the calling thread alone (no thread wake-up for a small matrix)."""
@@ -93,18 +108,7 @@ def _matvec(w, x, out, serial, dot, BS, TS):
     xs = sums16(x)
     for r in prange(nrows):
         for t in range(nt):
-            bo = r * rb
-            xo = t * k
-            so = t * (k // 16)
-            a0 = vzero()
-            a1 = vzero()
-            ms = np.float32(0)
-            for _ in range(nb):
-                a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
-                bo += TS
-                xo += BS
-                so += BS // 16
-            out[t, r] = vsum(vadd(a0, a1)) + ms
+            out[t, r] = _row_dot(w, r * rb, x, t * k, xs, t * (k // 16), nb, dot, BS, TS)
     if serial:
         threads_set(threads)
 
@@ -127,18 +131,8 @@ def _matvec_id(w, x, experts, x_rows, out, serial, dot, BS, TS):
         i = job // n_out
         r = job - i * n_out
         t = ld(x_rows, i)
-        bo = (ld(experts, i) * n_out + r) * rb
-        xo = t * k
-        so = t * (k // 16)
-        a0 = vzero()
-        a1 = vzero()
-        ms = np.float32(0)
-        for _ in range(nb):
-            a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
-            bo += TS
-            xo += BS
-            so += BS // 16
-        out[i, r] = vsum(vadd(a0, a1)) + ms
+        out[i, r] = _row_dot(w, (ld(experts, i) * n_out + r) * rb, x, t * k, xs, t * (k // 16),
+                             nb, dot, BS, TS)
     if serial:
         threads_set(threads)
 

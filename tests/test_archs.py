@@ -87,7 +87,7 @@ def test_logits_match_llama_cpp(name, type_name, model_dir, float32_prompts, rou
     settled = np.ones(len(TOKENS), bool)
     if router_margins:  # every layer routes all 80 tokens (all of them want logits)
         settled = np.min(router_margins, axis=0) >= ROUTER_MARGIN
-        assert settled.sum() >= 40, "too many toss-up routings to mean much"
+        assert settled.sum() >= 64, "too many toss-up routings to mean much"
     top2 = np.array(ref["top2"])[settled]
     top1, top1_lp, top2_lp = top2[:, 0].astype(int), top2[:, 1], top2[:, 3]
     logprobs = logprobs[settled]

@@ -55,6 +55,11 @@ class DeviceWeight:
         self.name, self.type, self.rows = name, type_name, rows
         self.n_out, self.n_in = int(n_out), int(n_in)
 
+    @classmethod
+    def of(cls, host: QWeight, rows) -> "DeviceWeight":
+        """The device copy of a host QWeight whose rows were uploaded as `rows`."""
+        return cls(host.name, host.type, rows, host.n_out, host.n_in)
+
     @property
     def nbytes(self) -> int:
         return int(self.rows.nbytes)
@@ -72,6 +77,11 @@ class DeviceExperts:
     def __init__(self, name, type_name, rows, n_expert, n_out, n_in):
         self.name, self.type, self.rows = name, type_name, rows
         self.n_expert, self.n_out, self.n_in = int(n_expert), int(n_out), int(n_in)
+
+    @classmethod
+    def of(cls, host: QExperts, rows) -> "DeviceExperts":
+        """The device copy of host QExperts whose rows were uploaded as `rows`."""
+        return cls(host.name, host.type, rows, host.n_expert, host.n_out, host.n_in)
 
     @property
     def nbytes(self) -> int:
@@ -192,27 +202,21 @@ class CUDABackend(Backend):
 
     def weight(self, tensor) -> DeviceWeight:
         """A 2-D GGUF tensor's blocks, uploaded as they are (once per tensor name)."""
-        w = self._weights.get(tensor.name)
-        if w is None:
-            if tensor.type not in DEVICE_TYPES:
-                raise UnsupportedDeviceTypeError(tensor.type)
-            host = QWeight.from_tensor(tensor)
-            w = DeviceWeight(host.name, host.type, self.rt.upload(host.rows), host.n_out,
-                             host.n_in)
-            self._weights[tensor.name] = w
-            self.weight_bytes += w.nbytes
-        return w
+        return self._blocks(tensor, QWeight, DeviceWeight)
 
     def experts(self, tensor) -> DeviceExperts:
         """A 3-D GGUF tensor of expert matrices, its blocks uploaded as they are (once)."""
+        return self._blocks(tensor, QExperts, DeviceExperts)
+
+    def _blocks(self, tensor, host_kind, device_kind):
+        """The device copy of `tensor` as device_kind (DeviceWeight, DeviceExperts), made from
+        host_kind's view of its blocks on first use."""
         w = self._weights.get(tensor.name)
         if w is None:
             if tensor.type not in DEVICE_TYPES:
                 raise UnsupportedDeviceTypeError(tensor.type)
-            host = QExperts.from_tensor(tensor)
-            w = DeviceExperts(host.name, host.type, self.rt.upload(host.rows), host.n_expert,
-                              host.n_out, host.n_in)
-            self._weights[tensor.name] = w
+            host = host_kind.from_tensor(tensor)
+            w = self._weights[tensor.name] = device_kind.of(host, self.rt.upload(host.rows))
             self.weight_bytes += w.nbytes
         return w
 
