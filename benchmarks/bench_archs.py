@@ -1,8 +1,11 @@
 """Decode (tg128) and prompt (pp512) speed of the Qwen families on synthetic models of real shapes:
 llamatui against llama.cpp (llama-cpp-python, when installed) on the same files in the same run.
 
-    python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2] [--cpu]
+    python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2] [--cpu] [--llama-bench PATH]
                                      [--models qwen2.5-0.5b qwen3-30b-a3b-6l] [--cache DIR]
+
+llama.cpp is llama.cpp's own llama-bench when one is found (--llama-bench, $LLAMA_BENCH or on
+PATH; wall-clock figures only), else llama-cpp-python's build of it.
 
 - qwen2.5-0.5b: Qwen2.5-0.5B's shape (24 layers, 896 wide, 14 query / 2 KV heads of 64, FFN
   4864, 151,936 tokens, output tied to the embeddings, Q/K/V biases).
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -219,7 +223,24 @@ def cpu_probe(probe: str, module: str, path: pathlib.Path):
     return json.loads(proc.stdout.strip().splitlines()[-1]), None
 
 
-def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool = False):
+def llama_bench(binary: str, path: pathlib.Path, threads: int, reps: int):
+    """llama-bench's pp512 and tg128 (its mean t/s over `reps`) on the file: ({test: t/s}, None)
+    or (None, why not)."""
+    proc = subprocess.run([binary, "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
+                           "-r", str(reps), "-o", "json"], capture_output=True, text=True)
+    if proc.returncode:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    res = {}
+    for row in json.loads(proc.stdout):
+        if (row["n_prompt"], row["n_gen"]) == (512, 0):
+            res["pp512"] = row["avg_ts"]
+        elif (row["n_prompt"], row["n_gen"]) == (0, 128):
+            res["tg128"] = row["avg_ts"]
+    return res, None
+
+
+def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool = False,
+            bench_binary: str | None = None):
     """Rounds of llamatui and llama.cpp in turn (who goes first alternates), each round `reps`
     repetitions of each test: on shared cores the round least disturbed shows each runtime's
     speed best. Returns ({test: [t/s of each round]} for llamatui, the same for llama.cpp or
@@ -236,8 +257,12 @@ def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool 
                 for test in mine:
                     mine[test].append(res[test])
             elif why is None:
-                res, why = cpu_probe(LLAMA_CPP_CPU_PROBE, "llama_cpp", path) if cpu else \
-                    peer(LLAMA_CPP_PROBE, "llama_cpp", path, threads, reps)
+                if cpu:
+                    res, why = cpu_probe(LLAMA_CPP_CPU_PROBE, "llama_cpp", path)
+                elif bench_binary:
+                    res, why = llama_bench(bench_binary, path, threads, reps)
+                else:
+                    res, why = peer(LLAMA_CPP_PROBE, "llama_cpp", path, threads, reps)
                 for test in theirs:
                     if res is not None:
                         theirs[test].append(res[test])
@@ -252,18 +277,26 @@ def main():
                     help="rounds of both runtimes in turn; the best round of each is compared")
     ap.add_argument("--cpu", action="store_true",
                     help="tokens per CPU-second on one thread instead of wall-clock speed")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH")
+                    or shutil.which("llama-bench"),
+                    help="llama.cpp's llama-bench binary (wall-clock mode; default: $LLAMA_BENCH "
+                         "or llama-bench on PATH; none: llama-cpp-python)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--cache", type=pathlib.Path,
                     default=pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "bench-models")
     args = ap.parse_args()
     for name in args.models:
         path = cached_model(name, args.cache)
+        bench_binary = None if args.cpu else args.llama_bench
+        peer_name = bench_binary or "llama-cpp-python"
         how = "1 thread, tokens per CPU-second" if args.cpu else \
             f"-t {args.threads}, {args.repetitions} repetitions"
         print(f"\n## {name}: {path.name}, {path.stat().st_size / 2**20:.0f} MiB "
               f"({how}, {args.rounds} rounds; "
-              f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
-        mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds, args.cpu)
+              f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+              f"llama.cpp: {peer_name})", flush=True)
+        mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds, args.cpu,
+                                    bench_binary)
         print(f"| {'runtime':10s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | rounds (pp; tg)")
         print(f"|{'-' * 12}|{'-' * 11}:|{'-' * 11}:|{'-' * 16}")
         for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
