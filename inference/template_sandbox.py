@@ -9,8 +9,7 @@ string repeated, `str.strip` over a huge character set, a quadratic `striptags`)
 would hold the GIL the app needs to stop it. So templates run in a child process (this file run as
 a script) that the app can kill:
 
-- a request (compile unless cached, then render) that takes more than TIME_LIMIT_S of CPU time
-  (or WALL_LIMIT_S of wall time) is stopped:
+- a request (compile unless cached, then render) that takes longer than TIME_LIMIT_S is stopped:
   the worker is killed, its error raised, and a fresh worker started for the next request;
 - during a request the worker's address space may grow by MEMORY_LIMIT_BYTES (plus 4 bytes per
   byte of the request): RLIMIT_AS makes Python raise MemoryError beyond, and the worker is
@@ -36,7 +35,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime
 
 import jinja2
@@ -50,7 +48,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 TIME_LIMIT_S = 1.0
 MEMORY_LIMIT_BYTES = 80 << 20
 MAX_PROMPT_CHARS = 4 << 20
-WALL_LIMIT_S = 10 * TIME_LIMIT_S  # a request's limit in wall time, for a worker given no CPU
 STARTUP_LIMIT_S = 30.0  # a worker's Python start and imports, on a loaded machine
 _MAX_REPLY_BYTES = 16 * MAX_PROMPT_CHARS  # a prompt as JSON, every character escaped
 _CACHED_TEMPLATES = 8
@@ -322,7 +319,7 @@ class _Worker:
             try:
                 self._proc.stdin.write(frame)
                 self._proc.stdin.flush()
-                reply = self._await_reply()
+                reply = self._replies.get(timeout=TIME_LIMIT_S)
             except OSError:
                 reply = None
             except queue.Empty:
@@ -337,25 +334,6 @@ class _Worker:
             if reply.get("error") == "memory":
                 self._replace()  # it exits after a MemoryError
             return reply
-
-    def _await_reply(self) -> dict | None:
-        """The worker's reply, or queue.Empty once it has spent TIME_LIMIT_S of CPU time on the
-        request. CPU time, not wall time: on a loaded machine (the app's own kernels on every
-        core) a worker may wait seconds for a core, and a quick template is not a loop. A worker
-        that gets no CPU at all is still given up after WALL_LIMIT_S."""
-        start_cpu, started = _cpu_seconds(self._proc.pid), time.monotonic()
-        wait = TIME_LIMIT_S
-        while True:
-            try:
-                return self._replies.get(timeout=wait)
-            except queue.Empty:
-                now_cpu = _cpu_seconds(self._proc.pid)
-                if start_cpu is None or now_cpu is None:
-                    raise
-                left = TIME_LIMIT_S - (now_cpu - start_cpu)
-                if left <= 0.02 or time.monotonic() - started >= WALL_LIMIT_S:  # 10 ms ticks
-                    raise
-                wait = max(left, 0.05)
 
     def close(self) -> None:
         with self._lock:
@@ -410,17 +388,6 @@ class _Worker:
             except OSError:
                 pass
         return proc.wait()
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a running process from /proc (None where there is no /proc:
-    the limit is then wall time)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()  # after the command's name
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _worker_boot() -> str:
