@@ -21,6 +21,7 @@ from .tui_chat import CHAT_ACTIONS, ChatScreen, describe_error
 from .tui_hardware import HARDWARE_ACTIONS, HardwareScreen
 from .tui_modals import ErrorModal, HelpScreen, ModelsModal, WelcomeScreen
 from .tui_models import MODELS_ACTIONS, ModelsScreen
+from .tui_server import ServerScreen
 from .tui_widgets import store_models
 
 APP_KEYS = [
@@ -59,6 +60,8 @@ class EngineLoader:
 APP_ACTIONS = [
     ("f4", "hardware", "Hardware", "Hardware",
      "this machine's RAM, CPU, GPUs, disk and what it can run"),
+    ("f7", "server", "Server", "Server",
+     "serve the loaded model over an OpenAI-compatible API (like llama-server)"),
 ]
 
 
@@ -202,6 +205,13 @@ class LlamaTUI(App):
 
     def action_hardware(self) -> None:
         self.open_hardware()
+
+    def action_server(self) -> None:
+        """The Server screen: one for the app's life, so serving goes on behind the chat."""
+        if not self.is_screen_installed("server"):
+            self.install_screen(ServerScreen(), name="server")
+        if not isinstance(self.screen, ServerScreen):
+            self.push_screen("server")
 
     def open_hardware(self) -> None:
         if isinstance(self.screen, HardwareScreen):

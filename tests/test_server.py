@@ -267,3 +267,52 @@ def test_embeddings_not_available_yet(client):
     with pytest.raises(openai.APIStatusError) as e:
         client.embeddings.create(model="smol", input="hello")
     assert e.value.status_code == 501
+
+
+# ---------------------------------------------------------------------------- property-based
+
+MAX_TOKENS_IN_RUN = 4  # generation fields capped so that the run stays short
+CAPPED = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
+def _cap_generation(node):
+    """The served /openapi.json with every generation length capped (n_predict's -1, "until the
+    end", too)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in CAPPED and isinstance(value, dict):
+                value.update(minimum=1, maximum=MAX_TOKENS_IN_RUN)
+            else:
+                _cap_generation(value)
+    elif isinstance(node, list):
+        for value in node:
+            _cap_generation(value)
+    return node
+
+
+@pytest.fixture(scope="module")
+def api_schema(server):
+    import schemathesis
+    from hypothesis import HealthCheck
+
+    doc = _cap_generation(json.loads(server.get("/openapi.json", headers=_auth())[2]))
+    schema = schemathesis.openapi.from_dict(doc)
+    schema.config.update(base_url=server.url, headers=_auth(), request_timeout=120,
+                         suppress_health_check=list(HealthCheck))
+    schema.config.generation.update(max_examples=15, deterministic=True)
+    return schema
+
+
+def _property_run():
+    import schemathesis
+    return schemathesis.pytest.from_fixture("api_schema")
+
+
+@_property_run().parametrize()
+def test_openapi_property_run(case):
+    """Generated requests, valid and invalid, on every route of /openapi.json: no 5xx answer,
+    every answer's status, content type and body as the document says."""
+    from schemathesis.checks import (content_type_conformance, not_a_server_error,
+                                     response_schema_conformance, status_code_conformance)
+    case.call_and_validate(checks=[not_a_server_error, status_code_conformance,
+                                   content_type_conformance, response_schema_conformance])

@@ -24,7 +24,7 @@ from starlette.routing import Route as StarletteRoute
 
 from .backend import READY
 from .config import LogEntry, ServerConfig, ServerState
-from .errors import INVALID_KEY, LOADING, APIError
+from .errors import INVALID_KEY, APIError
 from .routes import PUBLIC_PATHS, ROUTES
 from .sse import dumps, error_response
 
@@ -123,8 +123,7 @@ class LoadingGate:
             try:
                 self.backend.check_ready()
             except APIError as e:
-                message = LOADING if e.message == LOADING else e.message
-                return await _send_error(send, APIError(message, "unavailable_error"))
+                return await _send_error(send, e)
         return await self.app(scope, receive, send)
 
 

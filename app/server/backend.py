@@ -20,6 +20,7 @@ from functools import partial
 
 from llamatui.inference import ContextFullError, QueueFullError, SamplingParams
 
+from .errors import LOADING as LOADING_MESSAGE
 from .errors import APIError, exceed_context, invalid, unavailable
 from .requests import Limits
 
@@ -74,7 +75,7 @@ class Backend:
 
     def check_ready(self) -> None:
         if self.state == LOADING:
-            raise unavailable("Loading model")
+            raise unavailable(LOADING_MESSAGE)
         if self.state != READY:
             raise unavailable(f"the model is not available: {self.error or self.state}")
 

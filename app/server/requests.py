@@ -58,6 +58,7 @@ def _nullable(schema: dict) -> dict:
 
 
 NUMBER = {"type": "number"}
+INT32 = {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}  # llama.cpp's int32_t
 UNIT = {"type": "number", "minimum": 0, "maximum": 1}
 TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
@@ -81,13 +82,13 @@ def sampling_schema(limits: Limits) -> dict:
         "max_completion_tokens": max_tokens,
         "temperature": _nullable(NUMBER),
         "top_p": _nullable(UNIT),
-        "top_k": _nullable({"type": "integer"}),
+        "top_k": _nullable(INT32),
         "min_p": _nullable(UNIT),
         "typical_p": _nullable(UNIT),
         "presence_penalty": _nullable(NUMBER),
         "frequency_penalty": _nullable(NUMBER),
         "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
-        "repeat_last_n": _nullable({"type": "integer", "minimum": -1}),
+        "repeat_last_n": _nullable({**INT32, "minimum": -1}),
         "seed": {"type": ["integer", "null"], "minimum": -1, "maximum": 2**64 - 1},
         "stop": STOP,
         "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]{1,9}$"},

@@ -7,6 +7,7 @@ backend's thread pool; generation events arrive through the backend's `Run`.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from .backend import Run, choice_params
 from .errors import APIError, invalid, not_supported
 from .schema import check
 from .shapes import Choice, Shaper
-from .sse import DONE, PING, EventStream, dumps, sse, until_disconnect
+from .sse import DONE, PING, EventStream, sse, until_disconnect
 
 MAX_BODY = 32 * 1024 * 1024  # bytes; llama-server's httplib payload limit is larger, but a
 # prompt this size is already far beyond any context
@@ -42,6 +43,11 @@ async def read_json(request: Request) -> dict:
         raise APIError(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:  # JSON's \ud800 escapes can carry lone UTF-16 surrogates, which are not text
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(f"the request body holds a lone UTF-16 surrogate "
+                       f"({e.object[e.start:e.end]!a}), which is not text") from None
     return data
 
 
@@ -141,7 +147,6 @@ def _settings(sampling: dict) -> dict:
 async def _pinged(chunks: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
     """The chunks, with a keep-alive comment when none came for `interval` seconds, once the
     stream has begun (before it, nothing is sent, so an early error keeps its status)."""
-    import asyncio
     begun = False
     pending = asyncio.ensure_future(anext(chunks))
     try:
@@ -159,6 +164,7 @@ async def _pinged(chunks: AsyncIterator[bytes], interval: float) -> AsyncIterato
             pending = asyncio.ensure_future(anext(chunks))
     finally:
         pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
         await chunks.aclose()
 
 
@@ -166,7 +172,6 @@ async def _chat_stream(run, job, choices, shaper, settings) -> AsyncIterator[byt
     """llama-server's chat chunks: the role, the content pieces (with their log-probabilities),
     the finish reason; the usage when asked; `[DONE]`."""
     roled = set()
-    for_usage = {"obj": "chat.completion.chunk"}
     async for index, event in run.events():
         c = choices[index]
         entry = c.add(event)
@@ -183,7 +188,7 @@ async def _chat_stream(run, job, choices, shaper, settings) -> AsyncIterator[byt
         if event.kind == "done":
             yield sse(shaper.chat_chunk(index, {}, c.oai_finish_reason, timings=c.timings()))
     if job.include_usage:
-        yield sse(shaper.usage_chunk(choices, job.n, for_usage["obj"]))
+        yield sse(shaper.usage_chunk(choices, job.n, "chat.completion.chunk"))
     yield DONE
 
 
@@ -223,11 +228,10 @@ async def _native_stream(run, job, choices, shaper, settings) -> AsyncIterator[b
 
 async def embeddings(request: Request) -> Response:
     state = _state(request)
-    body = check(await read_json(request), rq.embeddings_schema(state.backend.limits), "")
+    check(await read_json(request), rq.embeddings_schema(state.backend.limits), "")
     if not state.config.embeddings:
         raise not_supported("This server does not support embeddings. Start it with "
                             "`--embeddings`")
-    del body
     raise not_supported("embeddings are not available yet: the engine cannot pool hidden "
                         "states into embeddings (a later feature)")
 

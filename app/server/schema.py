@@ -1,9 +1,9 @@
 """A small JSON Schema checker for request bodies, so that one schema per route is both what
 /openapi.json publishes and what the server enforces (one home for each fact).
 
-It knows the keywords the request schemas use (type, enum, minimum/maximum/exclusiveMinimum, minLength/maxLength,
-minItems/maxItems, items, properties/required, additionalProperties, propertyNames' pattern,
-anyOf) and answers the first violation as an APIError naming the field
+It knows the keywords the request schemas use (type, enum, minimum/maximum/exclusiveMinimum,
+minLength/maxLength, minItems/maxItems, items, properties/required, additionalProperties,
+propertyNames' pattern, anyOf) and answers the first violation as an APIError naming the field
 ("max_tokens: must be an integer between 1 and 2048, got -5"). Fields a schema does not list
 are ignored, as vLLM and OpenAI ignore unknown fields. Numbers must be finite (Python's json
 reads `Infinity`); an integral float counts as an integer, as JSON Schema says.

@@ -58,9 +58,11 @@ class EventStream:
         finally:
             for task in (watcher, producer):
                 task.cancel()
-            await asyncio.gather(watcher, producer, return_exceptions=True)
-            await self.chunks.aclose()
-            await self.on_close()
+            try:
+                await self.on_close()  # first: the slot is freed before anything else
+            finally:
+                await asyncio.gather(watcher, producer, return_exceptions=True)
+                await self.chunks.aclose()
         if producer.done() and not producer.cancelled() and producer.exception():
             raise producer.exception()
 
