@@ -3,6 +3,7 @@ waiting for a non-streamed answer, queued behind a busy slot, or still in its pr
 (llama-server keeps generating for such clients: its issues #11720 and #13262). Also the bounded
 queue (503 past --max-queue) and CORS for configured origins only."""
 import json
+import select
 import socket
 import time
 
@@ -13,6 +14,7 @@ from server_helpers import http, serve
 REPEATS = 20
 FREED_WITHIN = 1.0  # s, from the client's close to /slots all idle and no request processing
 ALLOWED = "http://allowed.example"
+COMPLETIONS = "/v1/completions"
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,7 @@ def server(smollm2_path):
         yield s
 
 
-def _open(server, body: dict, path: str = "/v1/chat/completions") -> socket.socket:
+def _open(server, body: dict, path: str) -> socket.socket:
     """Sends a request on a raw socket (so the test decides when the client goes away)."""
     port = int(server.url.rsplit(":", 1)[1])
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -68,9 +70,11 @@ def _processing(state: str):
     return lambda slots, gauges: any(s["state"] == state for s in slots)
 
 
-def _long_chat(i: int, **kw) -> dict:
-    return {"messages": [{"role": "user", "content": f"Story number {i}, please."}],
-            "max_tokens": 200, "temperature": 1.0, **kw}
+def _long(**kw) -> dict:
+    """A completion that would run for a long time; its prompt is cached after the first, so
+    that each repetition starts generating at once."""
+    return {"prompt": "Once upon a time, in a small village by the sea,", "max_tokens": 200,
+            "temperature": 1.0, **kw}
 
 
 def _read_until(sock: socket.socket, marker: bytes) -> None:
@@ -83,8 +87,8 @@ def _read_until(sock: socket.socket, marker: bytes) -> None:
 
 def test_disconnect_while_streaming(server):
     worst = 0.0
-    for i in range(REPEATS):
-        sock = _open(server, _long_chat(i, stream=True))
+    for _ in range(REPEATS):
+        sock = _open(server, _long(stream=True), COMPLETIONS)
         _read_until(sock, b"data: ")
         worst = max(worst, _freed_after_close(server, sock))
     print(f"streaming: slot freed within {worst * 1000:.0f} ms")
@@ -92,8 +96,8 @@ def test_disconnect_while_streaming(server):
 
 def test_disconnect_while_waiting_for_the_answer(server):
     worst = 0.0
-    for i in range(REPEATS):
-        sock = _open(server, _long_chat(i))
+    for _ in range(REPEATS):
+        sock = _open(server, _long(), COMPLETIONS)
         _wait_for(server, _processing("generating"))
         worst = max(worst, _freed_after_close(server, sock))
     print(f"waiting: slot freed within {worst * 1000:.0f} ms")
@@ -101,10 +105,10 @@ def test_disconnect_while_waiting_for_the_answer(server):
 
 def test_disconnect_while_queued(server):
     worst = 0.0
-    for i in range(REPEATS):
-        blocker = _open(server, _long_chat(i, stream=True))
+    for _ in range(REPEATS):
+        blocker = _open(server, _long(stream=True), COMPLETIONS)
         _read_until(blocker, b"data: ")
-        queued = _open(server, _long_chat(i + 1000))
+        queued = _open(server, _long(), COMPLETIONS)
         _wait_for(server, lambda s, g: g["llamacpp:requests_deferred"] == 1)
         queued.close()
         t0 = time.monotonic()
@@ -115,24 +119,45 @@ def test_disconnect_while_queued(server):
 
 
 def test_disconnect_during_the_prompt(server):
-    worst = 0.0
-    words = " ".join(f"w{j}" for j in range(32))  # 90 tokens
-    for _ in range(REPEATS):
-        # never cached: each time the prompt takes a whole engine step
-        sock = _open(server, {"prompt": words, "max_tokens": 20, "cache_prompt": False},
-                     "/v1/completions")
-        _wait_for(server, _processing("processing prompt"))
-        worst = max(worst, _freed_after_close(server, sock))
+    worst, caught = 0.0, 0
+    words = " ".join(f"w{j}" for j in range(12))  # 26 tokens, never cached (cache_prompt off)
+    for _ in range(3 * REPEATS):
+        sock = _open(server, {"prompt": words, "max_tokens": 8, "cache_prompt": False},
+                     COMPLETIONS)
+        if _caught_in(server, sock, "processing prompt"):
+            worst = max(worst, _freed_after_close(server, sock))
+            caught += 1
+            if caught == REPEATS:
+                break
+        else:  # the prompt's step was over before a look at /slots: let it finish, again
+            _read_until(sock, b"\r\n\r\n")
+            sock.close()
+            _wait_for(server, lambda s, g: not any(x["is_processing"] for x in s))
+    assert caught == REPEATS, f"caught only {caught} requests in their prompt"
     print(f"prompt: slot freed within {worst * 1000:.0f} ms")
 
 
+def _caught_in(server, sock: socket.socket, state: str, limit: float = 60.0) -> bool:
+    """Whether a slot was seen in `state` before it moved on (to generating, or done: the
+    answer is on the socket)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        states = {s["state"] for s in server.json("/slots")}
+        if state in states:
+            return True
+        if "generating" in states or select.select([sock], [], [], 0)[0]:
+            return False
+        time.sleep(0.005)
+    raise AssertionError(f"no slot reached {state!r} in {limit:.0f} s")
+
+
 def test_queue_past_max_queue_is_503(server):
-    blocker = _open(server, _long_chat(1, stream=True))
+    blocker = _open(server, _long(stream=True), COMPLETIONS)
     _read_until(blocker, b"data: ")
-    queued = _open(server, _long_chat(2))
+    queued = _open(server, _long(), COMPLETIONS)
     try:
         _wait_for(server, lambda s, g: g["llamacpp:requests_deferred"] == 1)
-        status, _, raw = server.post("/v1/chat/completions", _long_chat(3))
+        status, _, raw = server.post(COMPLETIONS, _long())
         assert status == 503
         error = json.loads(raw)["error"]
         assert error["type"] == "unavailable_error" and "--max-queue 1" in error["message"]
