@@ -120,13 +120,18 @@ class Backend(ABC):
         """RMS norm over the last axis, times `w`."""
 
     @abstractmethod
+    def layer_norm(self, x, w, b, eps: float):
+        """LayerNorm over the last axis, times `w`, plus `b` (None: no bias): BERT's norms."""
+
+    @abstractmethod
     def rope(self, x, pos: np.ndarray, spec: ops.RopeSpec):
         """x (n, n_head, head_dim) rotated for positions `pos` (may rotate in place)."""
 
     @abstractmethod
     def attention(self, q, k, v, mask: np.ndarray, scale: float):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads, k and v as this backend's
-        kv_store.read gives them: (n, n_head * head_dim_v)."""
+        kv_store.read gives them, or as the batch's own float32 K and V (embeddings attend
+        without the cache): (n, n_head * head_dim_v)."""
 
     @abstractmethod
     def swiglu(self, gate, up):
@@ -135,6 +140,10 @@ class Backend(ABC):
     @abstractmethod
     def geglu(self, gate, up):
         """gelu_tanh(gate) * up (ggml's fp16-table GELU)."""
+
+    @abstractmethod
+    def gelu(self, x):
+        """gelu_tanh(x) (ggml's fp16-table GELU): BERT's FFN activation."""
 
     @abstractmethod
     def add(self, a, b):
@@ -196,6 +205,10 @@ class CPUBackend(Backend):
         """RMS norm over the last axis, times `w`."""
         return ops.rms_norm(x, w, eps)
 
+    def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                   eps: float) -> np.ndarray:
+        return ops.layer_norm(x, w, b, eps)
+
     def rope(self, x: np.ndarray, pos: np.ndarray, spec: ops.RopeSpec) -> np.ndarray:
         """x (n, n_head, head_dim) rotated for positions `pos`; may rotate x in place."""
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -210,7 +223,8 @@ class CPUBackend(Backend):
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
                   scale: float) -> np.ndarray:
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
-        k and v come from the cache: float32, or uint16 fp16 bit patterns."""
+        k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
+        itself (float32)."""
         return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -218,6 +232,9 @@ class CPUBackend(Backend):
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.geglu(gate, up)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        return ops.gelu(x)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.add(a, b, dtype=np.float32)

@@ -187,6 +187,8 @@ class Arch:
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", "llama", "Llama"),
     Arch("gemma3", "gemma3", "Gemma 3", rope="neox", swa_pattern=6, rope_base_swa=10000.0),
+    Arch("bert", "bert", "BERT", rope="none", encoder=True),
+    Arch("nomic-bert", "nomic_bert", "Nomic BERT", rope="neox", encoder=True),
 )}
 
 

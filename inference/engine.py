@@ -1,13 +1,16 @@
-"""The engine's public API: load a GGUF model, tokenize, template, generate.
+"""The engine's public API: load a GGUF model, tokenize, template, generate, embed.
 
     engine = Engine.load("model.gguf", n_ctx=4096)
     for event in engine.generate([{"role": "user", "content": "Hi"}], temperature=0.7):
         print(event.text, end="")
 
+    vectors = engine.embed(["first text", "second"])    # (2, n_embd), L2-normalized
+
 The UI and the server use only this module (the server also `engine.scheduler`). `generate` is a
 generator meant to run in a worker thread; `cancel()` from any other thread stops it at the next
 token. Generation runs through the engine's `Scheduler` (inference/scheduler.py): `generate` is a
-one-request client of it, the server a many-request one; there is one generation loop.
+one-request client of it, the server a many-request one; there is one generation loop. `embed`
+is safe from any thread too: it runs between the scheduler's steps.
 """
 from __future__ import annotations
 
@@ -20,15 +23,16 @@ import numpy as np
 
 from .catalog import mix_name
 from .chat_template import ChatTemplate
+from .embedding import EUCLIDEAN, POOLINGS, normalize
 from .gguf import GGUFFile
-from .model import Batch, Model
+from .model import Batch, EmbeddingOnlyError, Model
 from .sampling import SamplingParams
 from .scheduler import (CONTEXT_POLICIES, ContextFullError, GenerationEvent, QueueFullError,
                         Scheduler)
 from .tokenizer import Tokenizer
 
-__all__ = ["ContextFullError", "Engine", "EngineBusyError", "EngineClosedError",
-           "GenerationEvent", "ModelInfo"]
+__all__ = ["ContextFullError", "EmbeddingOnlyError", "Engine", "EngineBusyError",
+           "EngineClosedError", "GenerationEvent", "ModelInfo", "POOLINGS"]
 
 Progress = Callable[[str, int, int], None]
 MIN_CTX = 8  # as llama.cpp raises a smaller n_ctx to
@@ -58,6 +62,8 @@ class ModelInfo:
     kv_bytes: int
     cache_type_k: str
     cache_type_v: str
+    encoder: bool = False  # an embedding model (BERT): embed() only, no text generation
+    pooling: str = "none"  # the model's own pooling_type, embed()'s default
 
 
 def default_threads() -> int:
@@ -117,6 +123,8 @@ class Engine:
             kv_bytes=model.kv.nbytes,
             cache_type_k=model.kv.type_k,
             cache_type_v=model.kv.type_v,
+            encoder=model.hparams.encoder,
+            pooling=model.hparams.pooling,
         )
 
     @classmethod
@@ -165,7 +173,11 @@ class Engine:
             if warmup:
                 # Like llama.cpp's warm-up decode; on a first run this compiles the kernels.
                 report("Warming up (compiles kernels on first run)", 2, 3)
-                engine.logits([tokenizer.bos_id if tokenizer.bos_id is not None else 0] * 2)
+                tokens = [tokenizer.bos_id if tokenizer.bos_id is not None else 0] * 2
+                if model.hparams.encoder:
+                    engine.embed([tokens], pooling="mean")
+                else:
+                    engine.logits(tokens)
             report("Ready", 3, 3)
             return engine
         except BaseException:
@@ -243,6 +255,66 @@ class Engine:
             slot.tokens = ids
             return out
 
+    def embed(self, inputs, pooling: str | None = None, normalize_as: int = EUCLIDEAN
+              ) -> np.ndarray:
+        """Embeddings, float32 (len(inputs), n_embd): one row per input, a text (tokenized as
+        llama-server does: special tokens added and parsed — BERT's [CLS] ... [SEP]) or a list
+        of token ids; a single str is one input. llama.cpp's `--embeddings`: each input is
+        evaluated on its own, its last hidden states (after the final norm) pooled by `pooling`
+        ("mean", "cls", "last"; None: the model's own `pooling_type`) and each row normalized
+        as llama-server's `embd_normalize` (2: unit Euclidean length; -1: raw; embedding.py).
+
+        Works for encoders (BERT) and decoders alike, never touches the KV cache, and is safe
+        from any thread: it runs between the scheduler's steps, so generations only pause.
+        ValueError for an empty input, an unknown pooling, or a model that sets none when none
+        is given; ContextFullError for an input longer than the model embeds at once."""
+        self._check_open()
+        pooling = self._embedding_pooling(pooling)
+        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not items:
+            raise ValueError("no inputs to embed")
+        seqs = [self._embedding_tokens(i, item) for i, item in enumerate(items)]
+        limit = self.model.max_embed_tokens
+        for i, ids in enumerate(seqs):
+            if len(ids) > limit:
+                raise ContextFullError(f"input {i} is {len(ids)} tokens; this model embeds at "
+                                       f"most {limit} at once", len(ids), limit)
+        # the step lock alone (no slot is claimed: embeddings do not use the cache)
+        with self.scheduler.claim_sequence(0, force=True):
+            self._check_open()
+            vectors = self.model.embed(seqs, pooling)
+        return normalize(vectors, normalize_as)
+
+    def _embedding_pooling(self, pooling: str | None) -> str:
+        if pooling is None:
+            pooling = self.model.hparams.pooling
+            if pooling not in POOLINGS:
+                raise ValueError(f"the model's pooling_type is {pooling!r}, which makes no "
+                                 f"embedding per input; choose one of {', '.join(POOLINGS)}")
+        elif pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        return pooling
+
+    def _embedding_tokens(self, i: int, item) -> list[int]:
+        if isinstance(item, str):
+            ids = self.tokenize(item, add_special=True, parse_special=True)
+        elif isinstance(item, (bytes, bytearray)) or not hasattr(item, "__iter__"):
+            raise ValueError(f"input {i} is a {type(item).__name__}: expected a text or a list "
+                             f"of token ids")
+        else:
+            ids = list(item)
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                       for t in ids):
+                raise ValueError(f"input {i} is neither a text nor a list of token ids")
+            ids = [int(t) for t in ids]
+            n_vocab = self.model.n_vocab
+            if any(not 0 <= t < n_vocab for t in ids):
+                raise ValueError(f"input {i} has a token id outside the vocabulary "
+                                 f"[0, {n_vocab})")
+        if not ids:
+            raise ValueError(f"input {i} is empty")
+        return ids
+
     @property
     def batch_size(self) -> int:
         """Tokens evaluated per forward pass (llama.cpp's n_ubatch)."""
@@ -296,6 +368,8 @@ class Engine:
         scheduler: then the request waits its turn). Closing or dropping the generator ends
         its generation and frees the slot."""
         self._check_open()
+        if self.model.hparams.encoder:
+            raise EmbeddingOnlyError(self.model.hparams.arch)
         end_text = None if isinstance(prompt_or_messages, str) else self.end_of_turn_text()
         if end_text:
             sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 
 from .catalog import Arch, get_arch
 
-__all__ = ["HParams", "Meta", "ModelMetadataError", "read_hparams", "swa_pattern_layers"]
+__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "read_hparams",
+           "swa_pattern_layers"]
+
+# llama_pooling_type by its number in `{arch}.pooling_type`: how a sequence's embedding is made
+# from its tokens' (none: one per token; rank: a reranker's classification head)
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 
 # Ranges a real model stays far inside; past them a value is an error, not an allocation.
 MAX_LAYERS = 4096
@@ -199,11 +204,16 @@ class HParams:
     n_ff_shexp: int = 0
     norm_eps: float = 1e-5  # LayerNorm's (encoders)
     causal: bool = True
-    pooling: str = "none"
+    pooling: str = "none"  # one of POOLING_TYPES
+    encoder: bool = False  # the catalog's flag: outputs embeddings, never logits
     extra: dict = field(default_factory=dict)  # a family's own values (read in its hook)
 
     def is_swa(self, il: int) -> bool:
         return bool(self.n_swa > 0 and self.swa_layers and self.swa_layers[il])
+
+    def window(self, il: int) -> int:
+        """The sliding window layer il attends within; 0: the whole sequence."""
+        return self.n_swa if self.is_swa(il) else 0
 
     def layer_rope(self, il: int):
         from .ops import RopeSpec
@@ -295,6 +305,8 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
         n_ff_exp=meta.int("expert_feed_forward_length", 0, lo=0),
         n_ff_shexp=meta.int("expert_shared_feed_forward_length", 0, lo=0),
         causal=meta.bool("attention.causal", not arch.encoder),
+        pooling=POOLING_TYPES[meta.int("pooling_type", 0, lo=0, hi=len(POOLING_TYPES) - 1)],
+        encoder=arch.encoder,
     )
     if hp.n_expert_used > hp.n_expert:
         raise ModelMetadataError(f"{meta.key('expert_used_count')} = {hp.n_expert_used} is more "

@@ -11,6 +11,13 @@ architecture registry.
 into micro-batches of `n_ubatch`), their K and V rows are written into free cells of the cache,
 and attention looks at every cell of the token's sequence up to its position (and within the
 sliding window on local layers). Only the rows that want logits leave the last layer.
+
+    vectors = model.embed([ids_a, ids_b], "mean")      # (2, n_embd): pooled, not normalized
+
+`embed` is llama.cpp's embedding decode (`--embeddings --pooling`): whole sequences, each from
+position 0, attend only to their own tokens — bidirectionally for an encoder (BERT), causally
+for a decoder — without the KV cache (as llama.cpp runs its encoders), so it never touches the
+sequences generations keep there. An encoder's cache holds no K/V rows at all.
 """
 from __future__ import annotations
 
@@ -22,12 +29,23 @@ import numpy as np
 from .archs.base import Architecture, WeightLoader
 from .backend import CPUBackend
 from .catalog import UnsupportedArchitectureError, get_arch
+from .embedding import POOLINGS, pool
 from .hparams import HParams, ModelMetadataError, read_hparams
 from .kv_cache import KVCache, KVCacheFullError, check_cache_type
 from .memory import check_kv_fits, kv_bytes_per_cell
 
-__all__ = ["Architecture", "Batch", "ForwardContext", "HParams", "KVCacheFullError", "Model",
-           "ModelMetadataError", "UnsupportedArchitectureError"]
+__all__ = ["Architecture", "Batch", "EmbeddingContext", "EmbeddingOnlyError", "ForwardContext",
+           "HParams", "KVCacheFullError", "Model", "ModelMetadataError",
+           "UnsupportedArchitectureError"]
+
+
+class EmbeddingOnlyError(ValueError):
+    """The model is an encoder (BERT and kin): it computes embeddings, never next-token logits,
+    so it cannot generate text."""
+
+    def __init__(self, arch: str):
+        super().__init__(f"this is an embedding model ({arch}, an encoder): it computes "
+                         f"embeddings, not text; use it for embeddings")
 
 
 # ----------------------------------------------------------------------------- batches
@@ -97,6 +115,8 @@ class ForwardContext:
     the KQ masks, which rows leave the last layer; `attend` runs a layer's attention through the
     cache."""
 
+    embeddings = False  # the forward pass returns logits (EmbeddingContext: hidden states)
+
     def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
                  cells: np.ndarray, seq_first: np.ndarray, out_rows: np.ndarray):
         self.model = model
@@ -134,8 +154,58 @@ class ForwardContext:
         be = self.backend(il)
         self.kv.write(il, self.cells, k, v)  # into the rows the layer's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
-        n_swa = self.hp.n_swa if self.hp.is_swa(il) else 0
-        return be.attention(q, k_all, v_all, self.mask(n_swa), scale)
+        return be.attention(q, k_all, v_all, self.mask(self.hp.window(il)), scale)
+
+
+class EmbeddingContext(ForwardContext):
+    """Whole sequences on their way to embeddings: their tokens attend only to each other, with
+    no KV cache (llama.cpp's build_attn_inp_no_cache, which its encoders use), bidirectionally
+    within a sequence unless the model is causal (a decoder's embeddings, `hp.causal`). The
+    forward pass returns every token's hidden state after the final norm."""
+
+    embeddings = True
+
+    def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
+                 seq_index: np.ndarray):
+        self.model = model
+        self.hp = model.hparams
+        self.kv = None
+        self.tokens = tokens
+        self.positions = positions
+        self.cells = None
+        self.n_tokens = self.n_kv = tokens.size
+        self.out_rows = np.arange(tokens.size)
+        self._masks = {}
+        self._seq_index = seq_index
+
+    def keep_rows(self, il: int) -> None:
+        return None  # every token's state is pooled
+
+    def mask(self, n_swa: int) -> np.ndarray:
+        m = self._masks.get(n_swa)
+        if m is None:
+            m = self._masks[n_swa] = _batch_kq_mask(self.positions, self._seq_index,
+                                                    self.hp.causal, n_swa)
+        return m
+
+    def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               scale: float) -> np.ndarray:
+        """q over this batch's own k and v (n, heads, head_dim): (n, n_head * head_dim_v)."""
+        return self.backend(il).attention(q, k, v, self.mask(self.hp.window(il)), scale)
+
+
+def _batch_kq_mask(positions: np.ndarray, seq_index: np.ndarray, causal: bool,
+                   n_swa: int) -> np.ndarray:
+    """float32 (n, n): 0 where token t sees token j of the same batch — same sequence, and
+    (causal) not after it, and (sliding window) fewer than n_swa positions before — else -inf,
+    as llama.cpp's no-cache mask (llm_graph_input_attn_no_cache::set_input)."""
+    visible = seq_index[:, None] == seq_index[None, :]
+    distance = positions[:, None] - positions[None, :]
+    if causal:
+        visible &= distance >= 0
+    if n_swa > 0:
+        visible &= distance < n_swa
+    return np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -160,13 +230,16 @@ class Model:
         self.weights = arch.load_weights(WeightLoader(gguf, self), hparams)
         hp = hparams
         cache_type_k, cache_type_v = check_cache_type(cache_type_k), check_cache_type(cache_type_v)
-        check_kv_fits(n_ctx, kv_bytes_per_cell(hp.n_layer, hp.n_head_kv, hp.head_dim_k,
+        # an encoder attends without the cache (llama.cpp gives it no memory): its cache keeps
+        # the cells' bookkeeping for the engine's slots but no K/V rows
+        n_cached = 0 if hp.encoder else hp.n_layer
+        check_kv_fits(n_ctx, kv_bytes_per_cell(n_cached, hp.n_head_kv, hp.head_dim_k,
                                                hp.head_dim_v, cache_type_k, cache_type_v),
                       sum(t.nbytes for t in gguf.tensors.values()))
-        self.kv = KVCache(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+        self.kv = KVCache(n_ctx, n_cached, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
                           type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
-                          layer_rope=[hp.layer_rope(il) for il in range(hp.n_layer)],
-                          layer_backends=self.layer_backends)
+                          layer_rope=[hp.layer_rope(il) for il in range(n_cached)],
+                          layer_backends=self.layer_backends[:n_cached])
 
     @classmethod
     def load(cls, gguf_file, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
@@ -224,9 +297,10 @@ class Model:
         if not isinstance(batch, Batch):
             batch = Batch(batch)
         hp = self.hparams
+        if hp.encoder:
+            raise EmbeddingOnlyError(hp.arch)
         n = len(batch)
-        if batch.tokens.min() < 0 or batch.tokens.max() >= hp.n_vocab:
-            raise ValueError(f"token id out of range [0, {hp.n_vocab})")
+        self._check_tokens(batch.tokens)
         for ids in batch.seq_ids:
             for s in ids:
                 if not 0 <= s < self.kv.n_seq_max:
@@ -255,6 +329,44 @@ class Model:
             return parts[0]
         return np.concatenate(parts, axis=0)
 
+    def _check_tokens(self, tokens: np.ndarray) -> None:
+        if tokens.min() < 0 or tokens.max() >= self.hparams.n_vocab:
+            raise ValueError(f"token id out of range [0, {self.hparams.n_vocab})")
+
+    # ---------------------------------------------------------------- embeddings
+
+    @property
+    def max_embed_tokens(self) -> int:
+        """The longest sequence `embed` takes: the context, and no more positions than the
+        model has position embeddings for (BERT's table)."""
+        limit = self.arch.max_positions(self.hparams)
+        return self.n_ctx if limit is None else min(self.n_ctx, limit)
+
+    def embed(self, sequences: Sequence[Sequence[int]], pooling: str) -> np.ndarray:
+        """Pooled embeddings, float32 (len(sequences), n_embd), not normalized: each sequence
+        evaluated on its own from position 0 (several share a micro-batch of up to n_ubatch
+        tokens, each seeing only its own tokens) and its hidden states after the final norm
+        pooled by `pooling` ("mean", "cls": the first token's, "last"), as llama.cpp's
+        build_pooling. The KV cache is not touched. ValueError for an empty or too long
+        sequence, a token outside the vocabulary, or an unknown pooling."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences]
+        for i, ids in enumerate(seqs):
+            if not 0 < ids.size <= self.max_embed_tokens:
+                raise ValueError(f"input {i} has {ids.size} tokens: expected 1 to "
+                                 f"{self.max_embed_tokens}")
+            self._check_tokens(ids)
+        out = np.empty((len(seqs), self.hparams.n_embd), np.float32)
+        for group in _micro_batches([s.size for s in seqs], self.n_ubatch):
+            lengths = [seqs[i].size for i in group]
+            ctx = EmbeddingContext(
+                self, np.concatenate([seqs[i] for i in group]),
+                np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]),
+                np.repeat(np.arange(len(group)), lengths))
+            out[group] = pool(self.arch.forward(ctx, self.weights), lengths, pooling)
+        return out
+
     def _continue_positions(self, batch: Batch) -> np.ndarray:
         nxt: dict[int, int] = {}
         pos = np.empty(len(batch), np.int64)
@@ -272,3 +384,16 @@ class Model:
         self.kv.seq_rm(seq_id, -1, -1)
         return self.decode(Batch(token_ids, pos=0, seq_ids=seq_id, logits=True))
 
+
+def _micro_batches(lengths: Sequence[int], n_ubatch: int) -> list[list[int]]:
+    """Consecutive indices of sequences grouped so that each group has at most n_ubatch tokens
+    (a longer sequence alone in its group: a sequence is never split)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(lengths):
+        if not groups or total + n > n_ubatch:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups

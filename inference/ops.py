@@ -16,8 +16,12 @@
 - `build_kq_mask`: llama.cpp's KQ mask (0 or -inf) from the cells' positions and sequences:
   a key is visible when its cell belongs to the token's first sequence, its position is not after
   the token's, and (sliding window) `pos_q - pos_k < n_swa`.
+- `layer_norm`: ggml_compute_forward_norm_f32 (the mean and the variance summed in float64 like
+  `ggml_float`, the rest in float32) then ggml_mul and ggml_add: `(x - mean) / sqrt(var + eps)
+  * w + b` (BERT's norms).
 - `swiglu`: `silu(g) * u`; `geglu`: `gelu_tanh(g) * u` looked up in ggml's fp16 GELU table
-  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32.
+  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32;
+  `gelu`: the same table on its own (ggml_vec_gelu_f32, BERT's FFN).
 - f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
 
 Element-wise kernels run on numba's threads for a prompt's worth of rows and on the calling
@@ -70,6 +74,47 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     out = np.empty_like(x2)
     _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out,
                    x2.size < PARALLEL_MIN_VALUES)
+    return out.reshape(shape)
+
+
+# ----------------------------------------------------------------------------- LayerNorm
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _layer_norm_rows(x, w, b, eps, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n_rows, d = x.shape
+    for r in numba.prange(n_rows):
+        s = 0.0
+        for i in range(d):
+            s += np.float64(x[r, i])
+        mean = np.float32(s / d)
+        var = 0.0
+        for i in range(d):
+            c = x[r, i] - mean
+            out[r, i] = c
+            var += np.float64(c * c)
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(var / d) + eps))
+        for i in range(d):
+            out[r, i] = (out[r, i] * scale) * w[i] + b[i]
+    if serial:
+        threads_set(threads)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis of `x`, times `w`, plus `b` (None: no bias); new array."""
+    shape = x.shape
+    d = shape[-1]
+    if w.shape != (d,) or (b is not None and b.shape != (d,)):
+        raise ValueError(f"layer_norm: weight {w.shape}, bias {None if b is None else b.shape} "
+                         f"for rows of {d}")
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
+    bias = np.zeros(d, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
+    out = np.empty_like(x2)
+    _layer_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), bias, np.float32(eps), out,
+                     x2.size < PARALLEL_MIN_VALUES)
     return out.reshape(shape)
 
 
@@ -650,6 +695,35 @@ def _geglu_table(g, u, table, out, serial):
             out[r, i] = y
     if serial:
         threads_set(threads)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _gelu_table(x, table, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n, d = x.shape
+    for r in numba.prange(n):
+        for i in range(d):
+            v = x[r, i]
+            y = table[_fp16_index(v)]
+            if v <= -10.0:
+                y = np.float32(0.0)
+            elif v >= 10.0:
+                y = v
+            out[r, i] = y
+    if serial:
+        threads_set(threads)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """gelu_tanh(x) as ggml's CPU computes it (ggml_vec_gelu_f32 with GGML_GELU_FP16: the fp16
+    table), float32, same shape (BERT's FFN)."""
+    x2 = np.ascontiguousarray(x, dtype=np.float32)
+    flat = x2.reshape(-1, x2.shape[-1]) if x2.ndim else x2.reshape(1, 1)
+    out = np.empty_like(flat)
+    _gelu_table(flat, _GELU_TABLE, out, flat.size < PARALLEL_MIN_VALUES)
+    return out.reshape(x2.shape)
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -41,6 +41,8 @@ class Recipe:
     tensors: dict[str, np.ndarray]
     # tensors kept F32 whatever the type (norms, biases, and what a family wants exact)
     keep_f32: set = field(default_factory=set)
+    # the tokenizer's metadata [(key, value, type)] when not the default GPT-2-style vocabulary
+    tokenizer: list | None = None
 
 
 def matrix(rng, n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
@@ -134,6 +136,115 @@ RECIPES = {
 }
 
 
+# ----------------------------------------------------------------------------- encoders
+# Encoders (BERT and kin) have no logits: they are compared by their pooled embeddings of
+# EMBED_INPUTS (token ids, and on F16 models EMBED_TEXTS through the WordPiece vocabulary
+# below), recorded into tests/golden/synthetic_embeddings.json.
+
+ENCODER_CTX = 128  # context_length: BERT's position table has a row per position
+# several lengths, so that one batch holds sequences of different sizes
+EMBED_INPUTS = [TOKENS, TOKENS[5:37], TOKENS[40:43], TOKENS[60:61]]
+EMBED_TEXTS = ["the cat sat on the mat.", "Dogs, cats and birds!",
+               "a quick brown fox jumps over the lazy dog"]
+_WPM_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_WPM_WORDS = ("the cat sat on mat dog dogs cats and bird birds quick brown fox jump jumps over "
+              "lazy").split()
+
+
+# llama.cpp adds the token-type row to float32 states as it is: the converters keep it F32
+_F32_TYPES = ("token_types.weight",)
+
+
+def encoder_metadata(arch: str, *, n_layer: int, n_embd: int, n_ff: int, n_head: int,
+                     pooling: int, **extra) -> dict:
+    """The keys of a BERT-style encoder: LayerNorm epsilon, non-causal attention, pooling type
+    (llama_pooling_type: 1 mean, 2 cls), two token types."""
+    md = {
+        "context_length": ENCODER_CTX, "embedding_length": n_embd, "block_count": n_layer,
+        "feed_forward_length": n_ff, "attention.head_count": n_head,
+        "attention.layer_norm_epsilon": 1e-12, "attention.causal": False,
+        "pooling_type": pooling,
+    }
+    md.update(extra)
+    return {**{f"{arch}.{k}": v for k, v in md.items()}, "tokenizer.ggml.token_type_count": 2}
+
+
+def wpm_tokenizer_metadata() -> list[tuple[str, object, object]]:
+    """A tiny WordPiece vocabulary as llama.cpp's converter writes BERT's ("▁word" starts a word,
+    "piece" continues one): the specials, some whole words, every lowercase letter and digit
+    both ways and ASCII punctuation, padded with unused pieces to N_VOCAB."""
+    words = [f"\u2581{w}" for w in _WPM_WORDS]
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    pieces = [f"\u2581{c}" for c in chars] + list(chars) + [f"\u2581{c}" for c in ".,!?'-"]
+    tokens = _WPM_SPECIALS + words + pieces
+    tokens += [f"unused{i}" for i in range(N_VOCAB - len(tokens))]
+    string_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.STRING))
+    int_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.INT32))
+    ids = {t: i for i, t in enumerate(_WPM_SPECIALS)}
+    return [
+        ("tokenizer.ggml.model", "bert", None),
+        ("tokenizer.ggml.tokens", tokens, string_array),
+        ("tokenizer.ggml.token_type", [3] * len(_WPM_SPECIALS) +
+         [1] * (N_VOCAB - len(_WPM_SPECIALS)), int_array),
+        ("tokenizer.ggml.padding_token_id", ids["[PAD]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.unknown_token_id", ids["[UNK]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.bos_token_id", ids["[CLS]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.seperator_token_id", ids["[SEP]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.mask_token_id", ids["[MASK]"], GGUFValueType.UINT32),
+    ]
+
+
+def encoder_layer_norms(rng, n_layer: int, n_embd: int) -> dict[str, np.ndarray]:
+    t = {"token_embd_norm.weight": norm(rng, n_embd), "token_embd_norm.bias": bias(rng, n_embd)}
+    for il in range(n_layer):
+        for name in ("attn_output_norm", "layer_output_norm"):
+            t[f"blk.{il}.{name}.weight"] = norm(rng, n_embd)
+            t[f"blk.{il}.{name}.bias"] = bias(rng, n_embd)
+    return t
+
+
+def recipe_bert(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4)
+    e, f = 256, 512
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e),
+         "token_types.weight": embeddings(rng, 2, e) * 0.5,
+         "position_embd.weight": embeddings(rng, ENCODER_CTX, e) * 0.5,
+         **encoder_layer_norms(rng, 3, e)}
+    for il in range(3):
+        p = f"blk.{il}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t[p + name + ".weight"] = matrix(rng, e, e)
+            t[p + name + ".bias"] = bias(rng, e)
+        t[p + "ffn_up.weight"], t[p + "ffn_up.bias"] = matrix(rng, f, e), bias(rng, f)
+        t[p + "ffn_down.weight"], t[p + "ffn_down.bias"] = matrix(rng, e, f), bias(rng, e)
+    return Recipe("bert", encoder_metadata("bert", pooling=1, **shape), t,
+                  keep_f32=set(_F32_TYPES), tokenizer=wpm_tokenizer_metadata())
+
+
+def recipe_nomic_bert(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4)
+    e, f = 256, 512
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e),
+         "token_types.weight": embeddings(rng, 2, e) * 0.5,
+         **encoder_layer_norms(rng, 3, e)}
+    for il in range(3):
+        p = f"blk.{il}."
+        t[p + "attn_qkv.weight"] = matrix(rng, 3 * e, e)
+        t[p + "attn_output.weight"] = matrix(rng, e, e)
+        t[p + "ffn_gate.weight"] = matrix(rng, f, e)
+        t[p + "ffn_up.weight"] = matrix(rng, f, e)
+        t[p + "ffn_down.weight"] = matrix(rng, e, f)
+    md = encoder_metadata("nomic-bert", pooling=2, **shape, **{"rope.freq_base": 1000.0})
+    return Recipe("nomic-bert", md, t, keep_f32=set(_F32_TYPES),
+                  tokenizer=wpm_tokenizer_metadata())
+
+
+RECIPES.update({
+    "bert": recipe_bert,
+    "nomic-bert": recipe_nomic_bert,
+})
+
+
 # ----------------------------------------------------------------------------- writing
 
 
@@ -172,7 +283,7 @@ def write_model(family: str, type_name: str, directory) -> pathlib.Path:
     w = GGUFWriter(path)
     w.add("general.architecture", recipe.arch)
     w.add("general.name", f"synthetic {family} {type_name}")
-    for key, value, vtype in _tokenizer_metadata():
+    for key, value, vtype in recipe.tokenizer or _tokenizer_metadata():
         w.add(key, value, vtype)
     for key, value in recipe.metadata.items():
         w.add(key, value, _typed(value))

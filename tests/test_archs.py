@@ -1,7 +1,11 @@
 """Every family of the catalog against llama.cpp itself, on synthetic models (tests/
 synthetic_models.py): at each of the 80 positions our top-1 token equals llama.cpp's wherever
 llama.cpp's top-2 margin is at least 0.1 nats, and the log-probability we give llama.cpp's top token
-is within 0.02 on average (0.1 at most), for F16, Q8_0, Q4_K and Q6_K weights."""
+is within 0.02 on average (0.1 at most), for F16, Q8_0, Q4_K and Q6_K weights.
+
+Encoders (BERT...) have no logits: their pooled embeddings (pooled as the model's pooling_type
+says) point where llama.cpp's do, cosine similarity ≥ 0.999 for each input, for token ids
+evaluated together in one batch and, on F16 models, for texts through the engine's API."""
 import json
 import pathlib
 
@@ -9,19 +13,28 @@ import numpy as np
 import pytest
 
 from llamatui.inference.catalog import ARCHITECTURES
+from llamatui.inference.engine import Engine
 from llamatui.inference.model import Batch, Model
-from synthetic_models import RECIPES, TOKENS, TYPES, sha256_of, write_model
+from synthetic_models import (EMBED_INPUTS, EMBED_TEXTS, RECIPES, TOKENS, TYPES, sha256_of,
+                              write_model)
 
-GOLDEN = json.loads((pathlib.Path(__file__).parent / "golden" / "synthetic_logits.json")
-                    .read_text())
+GOLDEN_DIR = pathlib.Path(__file__).parent / "golden"
+GOLDEN = json.loads((GOLDEN_DIR / "synthetic_logits.json").read_text())
+GOLDEN_EMBEDDINGS = json.loads((GOLDEN_DIR / "synthetic_embeddings.json").read_text())
 MARGIN = 0.1  # nats between llama.cpp's top two: below it, either token may win
-CASES = [(f, t) for f in RECIPES for t in TYPES]
+MIN_COSINE = 0.999
+ENCODERS = [f for f in RECIPES if ARCHITECTURES[f].encoder]
+CASES = [(f, t) for f in RECIPES if f not in ENCODERS for t in TYPES]
+ENCODER_CASES = [(f, t) for f in ENCODERS for t in TYPES]
 
 
 def test_every_catalog_family_has_a_synthetic_model_and_reference():
     assert set(RECIPES) == set(ARCHITECTURES)
     assert {f"{f}/{t}" for f, t in CASES} <= set(GOLDEN["models"])
+    assert {f"{f}/{t}" for f, t in ENCODER_CASES} <= set(GOLDEN_EMBEDDINGS["models"])
     assert GOLDEN["tokens"] == TOKENS
+    assert GOLDEN_EMBEDDINGS["inputs"] == EMBED_INPUTS
+    assert GOLDEN_EMBEDDINGS["texts"] == EMBED_TEXTS
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -56,3 +69,42 @@ def test_logits_match_llama_cpp(family, type_name, model_dir, float32_prompts):
     assert confident.sum() >= 32, "too few confident positions to mean much"
     assert (ours[confident] == top1[confident]).all()
     assert diffs.mean() <= 0.02 and diffs.max() <= 0.1
+
+
+def _cosines(ours: np.ndarray, reference) -> np.ndarray:
+    ref = np.asarray(reference, dtype=np.float64)
+    ours = np.asarray(ours, dtype=np.float64)
+    return (ours * ref).sum(axis=1) / (np.linalg.norm(ours, axis=1) *
+                                       np.linalg.norm(ref, axis=1))
+
+
+@pytest.mark.parametrize("family,type_name", ENCODER_CASES)
+def test_encoder_embeddings_match_llama_cpp(family, type_name, model_dir):
+    ref = GOLDEN_EMBEDDINGS["models"][f"{family}/{type_name}"]
+    path = write_model(family, type_name, model_dir)
+    assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
+    model = Model.load(path, n_ctx=256)
+    try:
+        assert model.hparams.pooling == ("none", "mean", "cls", "last")[ref["pooling_type"]]
+        ours = model.embed(EMBED_INPUTS, model.hparams.pooling)  # all inputs in one batch
+    finally:
+        model.close()
+    cosines = _cosines(ours, ref["embeddings"])
+    print(f"\n{family}/{type_name} ({model.hparams.pooling} pooling): cosine similarity "
+          f"{', '.join(f'{c:.6f}' for c in cosines)}")
+    assert (cosines >= MIN_COSINE).all()
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_encoder_embeds_texts_like_llama_cpp(family, model_dir):
+    """Text in, through the WordPiece vocabulary ([CLS] ... [SEP]) and the engine's API."""
+    ref = GOLDEN_EMBEDDINGS["models"][f"{family}/F16"]
+    engine = Engine.load(write_model(family, "F16", model_dir), n_ctx=256, threads=2)
+    try:
+        assert [engine.tokenize(t) for t in EMBED_TEXTS] == ref["text_tokens"]
+        vectors = engine.embed(EMBED_TEXTS)
+    finally:
+        engine.close()
+    assert vectors.shape == (len(EMBED_TEXTS), 256) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert (_cosines(vectors, ref["text_embeddings"]) >= MIN_COSINE).all()

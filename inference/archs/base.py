@@ -10,7 +10,9 @@
   per-head or whole-vector Q/K RMS norms (Qwen 3, Gemma 3, OLMo 2), post-attention and post-FFN
   norms (Gemma 2/3, OLMo 2), Llama 3.1's `rope_freqs`, tied output, final logit soft-capping.
   A family subclasses it and overrides the hooks (`read_hparams`, `load_layer`, `embed`,
-  `project_qkv`, `ffn`, `head`, ...).
+  `project_qkv`, `ffn`, `final_norm`, `head`, ...). Embeddings (llama.cpp's `--embeddings`)
+  pool `final_norm`'s output, so a family whose final norm differs overrides that hook, not
+  only `head`.
 """
 from __future__ import annotations
 
@@ -41,7 +43,14 @@ class Architecture(ABC):
 
     @abstractmethod
     def forward(self, ctx, weights) -> np.ndarray:
-        """Logits (or embeddings) float32 (len(ctx.out_rows), n) for the micro-batch."""
+        """Logits float32 (len(ctx.out_rows), n_vocab) for the micro-batch; with
+        `ctx.embeddings` (an EmbeddingContext) every token's hidden state after the final norm
+        instead, float32 (n_tokens, n_embd): what llama.cpp pools into embeddings (t_embd)."""
+
+    def max_positions(self, hp: HParams) -> int | None:
+        """The most positions a sequence may have (a table of absolute position embeddings has
+        a row per position); None: no limit but the context."""
+        return None
 
 
 # ----------------------------------------------------------------------------- loading weights
@@ -215,6 +224,9 @@ class Transformer(Architecture):
             x = self.block(ctx, il, layer, ctx.backend(il).take(x))
             if x is None:  # no row wants logits
                 return np.empty((0, ctx.hp.n_vocab), np.float32)
+        if ctx.embeddings:
+            be = ctx.backend(ctx.hp.n_layer)
+            return be.to_host(self.final_norm(ctx, w, be.take(x)))
         return self.head(ctx, w, x)
 
     def embed(self, ctx, w: Weights):
@@ -276,11 +288,16 @@ class Transformer(Architecture):
         act = be.swiglu(gate, up) if self.ffn_activation == "silu" else be.geglu(gate, up)
         return be.matmul(L.w_down, act)
 
+    def final_norm(self, ctx, w: Weights, x):
+        """The last layer's output normalized (llama.cpp's result_norm): what the output matrix
+        reads, and what embeddings pool."""
+        return ctx.backend(ctx.hp.n_layer).rms_norm(x, w.output_norm, ctx.hp.rms_eps)
+
     def head(self, ctx, w: Weights, x) -> np.ndarray:
-        """Logits of the output rows: output · output_norm(x), soft-capped when the model says."""
+        """Logits of the output rows: output · final_norm(x), soft-capped when the model says."""
         hp = ctx.hp
         be = ctx.backend(hp.n_layer)
-        x = be.rms_norm(be.take(x), w.output_norm, hp.rms_eps)
+        x = self.final_norm(ctx, w, be.take(x))
         logits = be.to_host(be.matmul(w.output, x))
         if hp.final_logit_softcap:
             c = np.float32(hp.final_logit_softcap)
