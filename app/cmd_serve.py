@@ -44,8 +44,9 @@ def add_arguments(p):
                    help="a file of API keys, one per line (# starts a comment)")
     p.add_argument("--embeddings", "--embedding", action="store_true",
                    help="enable /v1/embeddings")
-    p.add_argument("--pooling", choices=("mean", "cls", "last"), default="mean",
-                   help="pooling of embeddings (default: mean)")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
+                   help="pooling of embeddings (default: the model's own; mean when it sets "
+                        "none)")
     p.add_argument("--metrics", action="store_true",
                    help="enable the Prometheus /metrics endpoint")
     p.add_argument("--no-slots", action="store_true", help="disable the /slots endpoint")

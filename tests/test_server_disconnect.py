@@ -180,3 +180,8 @@ def test_cors_only_for_named_origins(server):
     assert status == 400 and "access-control-allow-origin" not in {k.lower() for k in headers}
     status, headers, _ = server.get("/health", headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in {k.lower() for k in headers}
+
+
+def test_embeddings_need_the_flag(server):
+    status, _, raw = server.post("/v1/embeddings", {"input": "hello"})
+    assert status == 501 and "--embeddings" in json.loads(raw)["error"]["message"]

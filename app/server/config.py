@@ -6,9 +6,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .metrics import LoopLagMonitor
+from llamatui.inference import POOLINGS
 
-POOLINGS = ("mean", "cls", "last")
+from .metrics import LoopLagMonitor
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # exact origins; never "*"
     alias: str | None = None
     embeddings: bool = False
-    pooling: str = "mean"
+    pooling: str | None = None  # None: the model's own, mean when it sets none
     metrics: bool = False
     slots: bool = True
     timeout: float = 600.0  # llama-server's read/write timeout (s)
@@ -35,7 +35,7 @@ class ServerConfig:
                                  "scheme://host[:port], e.g. http://localhost:3000")
         if any(not k for k in self.api_keys):
             raise ValueError("an API key is empty")
-        if self.pooling not in POOLINGS:
+        if self.pooling is not None and self.pooling not in POOLINGS:
             raise ValueError(f"--pooling must be one of {', '.join(POOLINGS)}, "
                              f"not {self.pooling!r}")
 

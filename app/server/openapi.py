@@ -86,6 +86,8 @@ RESPONSES = {
     "OpenAPI": {"type": "object", "required": ["openapi", "paths"]},
 }
 TEXT_ANSWERS = {"Metrics"}  # text/plain
+# one server-sent event (`data:` a JSON object as text, `data: [DONE]`, or a `:` comment)
+SSE_EVENT = {"type": "object", "properties": {"data": _STR, "event": _STR, "id": _STR}}
 # error statuses every route may answer: bad request, no key, not enabled, busy or loading
 ERROR_STATUSES = {"400": "bad request (the field is named)", "401": "missing or wrong API key",
                   "500": "generation failed", "501": "not enabled on this server",
@@ -119,7 +121,7 @@ def _responses(route) -> dict:
     kind = "text/plain" if route.response in TEXT_ANSWERS else "application/json"
     content = {kind: {"schema": schema}}
     if route.stream:
-        content["text/event-stream"] = {"schema": _STR}
+        content["text/event-stream"] = {"schema": SSE_EVENT}
     out = {"200": {"description": "OK", "content": content}}
     for status, what in ERROR_STATUSES.items():
         out[status] = {"description": what,

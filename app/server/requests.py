@@ -54,10 +54,13 @@ class Job:
 # ------------------------------------------------------------------------------ schemas
 
 def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}]}
+    return {"anyOf": [*schema.get("anyOf", [schema]), {"type": "null"}]}
 
 
-NUMBER = {"type": "number"}
+# Sampling runs in float32: a temperature or repeat penalty that divides a logit past float32's
+# range would make it infinite, so the ranges stop well before (≤ 0 is greedy, as llama.cpp).
+TEMPERATURE = {"anyOf": [{"type": "number", "maximum": 0}, {"type": "number", "minimum": 1e-6}]}
+PENALTY = {"type": "number", "minimum": -2, "maximum": 2}  # OpenAI's range
 INT32 = {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}  # llama.cpp's int32_t
 UNIT = {"type": "number", "minimum": 0, "maximum": 1}
 TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
@@ -80,14 +83,14 @@ def sampling_schema(limits: Limits) -> dict:
         "model": {"type": "string"},
         "max_tokens": max_tokens,
         "max_completion_tokens": max_tokens,
-        "temperature": _nullable(NUMBER),
+        "temperature": _nullable(TEMPERATURE),
         "top_p": _nullable(UNIT),
         "top_k": _nullable(INT32),
         "min_p": _nullable(UNIT),
         "typical_p": _nullable(UNIT),
-        "presence_penalty": _nullable(NUMBER),
-        "frequency_penalty": _nullable(NUMBER),
-        "repeat_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
+        "presence_penalty": _nullable(PENALTY),
+        "frequency_penalty": _nullable(PENALTY),
+        "repeat_penalty": _nullable({"type": "number", "minimum": 1e-6, "maximum": 1e6}),
         "repeat_last_n": _nullable({**INT32, "minimum": -1}),
         "seed": {"type": ["integer", "null"], "minimum": -1, "maximum": 2**64 - 1},
         "stop": STOP,

@@ -8,6 +8,7 @@ backend's thread pool; generation events arrive through the backend's `Run`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,11 +16,12 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from llamatui.inference import ChatTemplateError, SamplingParams
+from llamatui.inference import (POOLINGS, ChatTemplateError, ContextFullError,
+                                EmbeddingOnlyError, SamplingParams)
 
 from . import metrics, openapi, requests as rq
 from .backend import Run, choice_params
-from .errors import APIError, invalid, not_supported
+from .errors import APIError, exceed_context, invalid, not_supported
 from .schema import check
 from .shapes import Choice, Shaper
 from .sse import DONE, PING, EventStream, sse, until_disconnect
@@ -84,6 +86,8 @@ def _prompt_ids(engine, prompt, chat: bool) -> list[int]:
 async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     state = _state(request)
     backend, engine = state.backend, state.backend.engine
+    if engine.info.encoder:
+        raise not_supported(str(EmbeddingOnlyError(engine.info.architecture)))
     sampling = dict(job.sampling)
     end_text = engine.end_of_turn_text() if job.chat else None
     if end_text:
@@ -227,13 +231,37 @@ async def _native_stream(run, job, choices, shaper, settings) -> AsyncIterator[b
 # --------------------------------------------------------------------------- other routes
 
 async def embeddings(request: Request) -> Response:
+    """OpenAI's embeddings (llama-server's `handle_embeddings_impl`): one pooled, L2-normalised
+    vector per input, as floats or base64 of little-endian float32."""
     state = _state(request)
-    check(await read_json(request), rq.embeddings_schema(state.backend.limits), "")
+    body = check(await read_json(request), rq.embeddings_schema(state.backend.limits), "")
     if not state.config.embeddings:
         raise not_supported("This server does not support embeddings. Start it with "
                             "`--embeddings`")
-    raise not_supported("embeddings are not available yet: the engine cannot pool hidden "
-                        "states into embeddings (a later feature)")
+    engine = state.backend.engine
+    items = body["input"]
+    if isinstance(items, str) or isinstance(items[0], int):
+        items = [items]  # one text, or one list of token ids
+    pooling = state.config.pooling or (engine.info.pooling if engine.info.pooling in POOLINGS
+                                       else "mean")
+
+    def embed():
+        vectors = engine.embed(items, pooling=pooling)
+        n_tokens = sum(len(engine.prompt_tokens(i)) if isinstance(i, str) else len(i)
+                       for i in items)
+        return vectors, n_tokens
+    try:
+        vectors, n_tokens = await state.backend.call(embed)
+    except ContextFullError as e:
+        raise exceed_context(e.n_prompt, e.n_ctx) from None
+    except ValueError as e:  # an empty text, token ids outside the vocabulary
+        raise invalid("input", str(e)) from None
+    as_base64 = body.get("encoding_format") == "base64"
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64
+             else v.tolist()} for i, v in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": state.model_name,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 async def models(request: Request) -> Response:
