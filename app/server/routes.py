@@ -35,8 +35,14 @@ def _state(request: Request):
 
 
 async def read_json(request: Request) -> dict:
-    """The body as a JSON object: malformed JSON, a non-object or an oversized body is a 400."""
-    body = await request.body()
+    """The body as a JSON object: malformed JSON, a non-object, an oversized body or one that
+    does not arrive within --timeout seconds is a 400."""
+    timeout = _state(request).config.timeout
+    try:
+        body = await asyncio.wait_for(request.body(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(f"the request body did not arrive within {timeout:g} s "
+                       "(--timeout)") from None
     if len(body) > MAX_BODY:
         raise APIError(f"the request body is {len(body)} bytes; at most {MAX_BODY} are read")
     try:
