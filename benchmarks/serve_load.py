@@ -205,7 +205,8 @@ def rss_mib(proc) -> float:
 
 def bench(kind: str, url: str, proc, args, headers: dict) -> dict:
     bias = eog_bias(url, headers)
-    asyncio.run(load(url, 1, 8, bias, headers))  # warm-up (kernels, caches)
+    for n in args.clients:  # warm-up: kernels, caches, and batches of every size measured
+        asyncio.run(load(url, n, 16, bias, headers))
     out = {"kind": kind, "runs": []}
     for n in args.clients:
         before = lag_buckets(url, headers)
