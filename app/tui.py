@@ -60,8 +60,7 @@ class EngineLoader:
 APP_ACTIONS = [
     ("f4", "hardware", "Hardware", "Hardware",
      "this machine's RAM, CPU, GPUs, disk and what it can run"),
-    ("f7", "server", "Server", "Server",
-     "serve the loaded model over an OpenAI-compatible API (like llama-server)"),
+    ("f7", "server", "Server", "Server", "serve the chat's model as an OpenAI-compatible API"),
 ]
 
 
