@@ -62,8 +62,13 @@ class ModelInfo:
     kv_bytes: int
     cache_type_k: str
     cache_type_v: str
+    has_chat_template: bool  # the file has its own (else one is chosen as llama.cpp does)
     encoder: bool = False  # an embedding model (BERT): embed() only, no text generation
     pooling: str = "none"  # the model's own pooling_type, embed()'s default
+    n_gpu_layers: int = 0  # layers on a GPU, the output layer counted (llama.cpp's count)
+    vram_bytes: int = 0  # device memory of the offloaded weights and KV rows
+    gpu_note: str = ""  # why the GPU is not used (one line), or ""
+    offload: str = ""  # llama.cpp's summary, "offloaded N/M layers to GPU (...)", or ""
 
 
 def default_threads() -> int:
@@ -105,6 +110,7 @@ class Engine:
         self.scheduler = Scheduler(model, tokenizer, n_slots=n_parallel,
                                    context_policy=context_policy, n_keep=n_keep)
         self._requests: set = set()  # generate()'s requests in flight, for cancel()
+        self.chat_template_choice: str | None = None  # set_chat_template's (None: the model's)
         self._closed = False
         md = gguf.metadata
         ftype = md.get("general.file_type")
@@ -123,8 +129,13 @@ class Engine:
             kv_bytes=model.kv.nbytes,
             cache_type_k=model.kv.type_k,
             cache_type_v=model.kv.type_v,
+            has_chat_template=template.origin == "model",
             encoder=model.hparams.encoder,
             pooling=model.hparams.pooling,
+            n_gpu_layers=model.n_gpu_layers,
+            vram_bytes=model.vram_bytes,
+            gpu_note=model.offload_note,
+            offload=model.placement.plan.describe() if model.placement.plan else "",
         )
 
     @classmethod
@@ -132,7 +143,9 @@ class Engine:
              cache_type_k: str = "f16", cache_type_v: str = "f16", use_mmap: bool = True,
              mlock: bool = False, context_policy: str = "shift", n_keep: int = 0,
              warmup: bool = True, progress: Progress | None = None,
-             chat_template: str | None = None, n_parallel: int = 1) -> "Engine":
+             chat_template: str | None = None, n_parallel: int = 1, n_gpu_layers=0,
+             main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
+             split_mode: str = "layer") -> "Engine":
         """Opens a GGUF model. n_ctx 0 means the model's training context. context_policy: what
         happens when the context fills: "shift" (llama.cpp's context shift: keep the first
         n_keep tokens, drop half of the rest) or "error". chat_template: a built-in template's
@@ -140,7 +153,10 @@ class Engine:
         without one a built-in chosen from its vocabulary. A template compiles when a chat first
         needs it: a broken one does not stop the model from loading or running raw prompts.
         n_parallel: slots (sequences generated at once, llama-server's -np); each gets
-        n_ctx / n_parallel of the context."""
+        n_ctx / n_parallel of the context. n_gpu_layers (a count, -1 / "all", or "auto"),
+        main_gpu, tensor_split, offload_kv, split_mode: llama.cpp's -ngl, -mg, -ts,
+        --no-kv-offload (negated) and -sm; without a usable GPU the model runs on the CPU and
+        info.gpu_note says why."""
         if context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
                              f"not {context_policy!r}")
@@ -163,13 +179,16 @@ class Engine:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
             template = ChatTemplate.from_metadata(gguf.metadata, chat_template,
-                                                  add_bos=tokenizer.add_bos,
-                                                  add_eos=tokenizer.add_eos, tokens=tokenizer.vocab)
+                                                  tokenizer=tokenizer)
             report("Loading weights", 2, 3)
             model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
-                               cache_type_v=cache_type_v, n_seq_max=n_parallel)
+                               cache_type_v=cache_type_v, n_seq_max=n_parallel,
+                               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
+                               tensor_split=tensor_split, offload_kv=offload_kv,
+                               split_mode=split_mode)
             engine = cls(gguf, model, tokenizer, template, threads, context_policy, n_keep,
                          n_parallel)
+            engine.chat_template_choice = chat_template
             if warmup:
                 # Like llama.cpp's warm-up decode; on a first run this compiles the kernels.
                 report("Warming up (compiles kernels on first run)", 2, 3)
@@ -223,9 +242,11 @@ class Engine:
         """Speaks to the model in another template from the next chat on: a built-in name
         (CHAT_TEMPLATE_NAMES) or Jinja source; None: back to the model's own (or the one chosen
         from its vocabulary). Compiles on first use, like Engine.load's chat_template."""
-        self.template = ChatTemplate.from_metadata(
-            self.gguf.metadata, name_or_source, add_bos=self.tokenizer.add_bos,
-            add_eos=self.tokenizer.add_eos, tokens=self.tokenizer.vocab)
+        if name_or_source == self.chat_template_choice:
+            return
+        self.chat_template_choice = name_or_source
+        self.template = ChatTemplate.from_metadata(self.gguf.metadata, name_or_source,
+                                                   tokenizer=self.tokenizer)
 
     def prompt_tokens(self, prompt_or_messages) -> list[int]:
         """A raw prompt (str) or chat messages (list of {role, content}) as token ids, the way

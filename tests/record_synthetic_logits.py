@@ -2,12 +2,13 @@
 tests/golden/synthetic_logits.json. Run by hand where llama-cpp-python is installed (`pip install
 llama-cpp-python`; its llama.cpp is the reference), never by the test suite:
 
-    python tests/record_synthetic_logits.py               # every family in RECIPES
-    python tests/record_synthetic_logits.py qwen2 phi3    # some families (the rest are kept)
+    python tests/record_synthetic_logits.py               # every case in CASES
+    python tests/record_synthetic_logits.py qwen2 phi3    # some cases (the rest are kept)
 
-For each family and weight type it writes the model, evaluates `TOKENS` in one batch with logits
-for every position (f16 KV cache, 2 threads), and keeps per position llama.cpp's top-2 token ids
-and their log-probabilities, plus the model file's sha256 (so a changed recipe is noticed).
+For each case (a family, or a variant of one) and weight type it writes the model, evaluates
+`TOKENS` in one batch with logits for every position (the case's context size, f16 KV cache,
+2 threads), and keeps per position llama.cpp's top-2 token ids and their log-probabilities, plus
+the model file's sha256 (so a changed recipe is noticed).
 
 Encoders (the catalog's `encoder` families: BERT...) have no logits: for them llama.cpp's
 embeddings go into tests/golden/synthetic_embeddings.json instead — each of `EMBED_INPUTS` (token
@@ -25,7 +26,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from synthetic_models import (EMBED_INPUTS, EMBED_TEXTS, RECIPES, TOKENS, TYPES,  # noqa: E402
+from synthetic_models import (CASES, EMBED_INPUTS, EMBED_TEXTS, TOKENS, TYPES,  # noqa: E402
                               sha256_of, write_model)
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "synthetic_logits.json"
@@ -38,9 +39,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def record(path: pathlib.Path) -> dict:
+def record(path: pathlib.Path, n_ctx: int) -> dict:
     from llama_cpp import Llama
-    llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True,
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=256, n_ubatch=256, logits_all=True,
                 n_threads=2, verbose=False)
     llm.eval(TOKENS)
     logprobs = log_softmax(np.array(llm.scores[:len(TOKENS)], dtype=np.float32))
@@ -85,7 +86,7 @@ def _load(path: pathlib.Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def main(families: list[str]) -> None:
+def main(names: list[str]) -> None:
     import llama_cpp
     from llamatui.inference.catalog import ARCHITECTURES
     golden, golden_embd = _load(GOLDEN), _load(GOLDEN_EMBEDDINGS)
@@ -95,14 +96,14 @@ def main(families: list[str]) -> None:
     models = golden.setdefault("models", {})
     embd_models = golden_embd.setdefault("models", {})
     with tempfile.TemporaryDirectory() as tmp:
-        for family in families or list(RECIPES):
+        for name in names or list(CASES):
             for type_name in TYPES:
-                path = write_model(family, type_name, tmp)
-                key = f"{family}/{type_name}"
-                if ARCHITECTURES[family].encoder:
+                path = write_model(name, type_name, tmp)
+                key = f"{name}/{type_name}"
+                if ARCHITECTURES[CASES[name].arch].encoder:
                     embd_models[key] = record_embeddings(path, type_name == "F16")
                 else:
-                    models[key] = record(path)
+                    models[key] = record(path, CASES[name].n_ctx)
                 print(f"{key}: recorded", flush=True)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
     GOLDEN_EMBEDDINGS.write_text(json.dumps(golden_embd, indent=1) + "\n")
