@@ -266,6 +266,35 @@ def test_attention_kernels_against_float64(n, d, n_kv, f16):
     np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
 
 
+
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_attention_of_tokens_from_different_sequences(n):
+    """A decode step of n sequences, as the scheduler batches it: the sequences' cells lie
+    interleaved in the cache (each step stores its n tokens side by side), and each token must
+    see its own sequence's cells alone."""
+    rng = np.random.default_rng(n)
+    n_head, n_head_kv, d, steps = 4, 2, 32, 40
+    n_kv = n * steps
+    k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    cell_seq = np.zeros((n_kv, n), bool)
+    cell_seq[np.arange(n_kv), np.arange(n_kv) % n] = True  # cell j: sequence j % n
+    cell_pos = (np.arange(n_kv) // n).astype(np.int32)
+    seqs = rng.permutation(n)
+    mask = ops.build_kq_mask(cell_pos, cell_seq, np.full(n, steps - 1), seqs, n_kv)
+    got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
+    k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+    want = np.empty((n, n_head, d))
+    for t, seq in enumerate(seqs):
+        own = np.flatnonzero(cell_seq[:, seq])
+        for h in range(n_head):
+            g = h // (n_head // n_head_kv)
+            s = k[own, g] @ q[t, h].astype(np.float64) * 0.3
+            p = np.exp(s - s.max())
+            want[t, h] = p / p.sum() @ v[own, g]
+    np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
+
 def test_hyperparameters(smollm2, gemma3):
     hp = smollm2.hparams
     assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim_k) == (30, 576, 9, 3, 64)
