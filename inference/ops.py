@@ -415,6 +415,39 @@ def _visible_cells(mask, t, cells):
     return m
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
+    """o.flat[oo : oo + d_v] = sum over i < span of s[r, i] * (row cells[i] of v from value vo):
+    64 values (four accumulators) at a time, so that each row's weight and address serve four
+    vectors; 16 at a time for the rest, two cells at a time (two FMA chains)."""
+    c = 0
+    while c + 64 <= d_v:
+        a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
+        col = vo + c
+        for i in range(span):
+            p = vbcast(s[r, i])
+            j = cells[i]
+            a0 = vfma(p, _kv_vec(v, j, col), a0)
+            a1 = vfma(p, _kv_vec(v, j, col + 16), a1)
+            a2 = vfma(p, _kv_vec(v, j, col + 32), a2)
+            a3 = vfma(p, _kv_vec(v, j, col + 48), a3)
+        vstore(o, oo + c, a0); vstore(o, oo + c + 16, a1)  # noqa: E702
+        vstore(o, oo + c + 32, a2); vstore(o, oo + c + 48, a3)  # noqa: E702
+        c += 64
+    while c < d_v:
+        a0 = vzero(); a1 = vzero()  # noqa: E702
+        col = vo + c
+        i = 0
+        while i + 2 <= span:
+            a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
+            a1 = vfma(vbcast(s[r, i + 1]), _kv_vec(v, cells[i + 1], col), a1)
+            i += 2
+        if i < span:
+            a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
+        vstore(o, oo + c, vadd(a0, a1))
+        c += 16
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
 def _attention_decode(q, k, v, n_head_kv, mask, scale, piece, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
@@ -474,21 +507,7 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, piece, out, serial):
                 total += e
             part_m[it, r] = mx
             part_l[it, r] = total
-            for c in range(0, d_v, 16):
-                col = g * d_v + c
-                # four chains of FMAs: one would wait on each FMA's latency
-                a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
-                i = 0
-                while i + 4 <= span:
-                    a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
-                    a1 = vfma(vbcast(s[r, i + 1]), _kv_vec(v, cells[i + 1], col), a1)
-                    a2 = vfma(vbcast(s[r, i + 2]), _kv_vec(v, cells[i + 2], col), a2)
-                    a3 = vfma(vbcast(s[r, i + 3]), _kv_vec(v, cells[i + 3], col), a3)
-                    i += 4
-                while i < span:
-                    a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
-                    i += 1
-                vstore(part_o, (it * grp + r) * d_v + c, vadd(vadd(a0, a1), vadd(a2, a3)))
+            _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o, (it * grp + r) * d_v)
     for t in range(n):
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces

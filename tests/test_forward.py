@@ -233,8 +233,8 @@ def test_rope_rotates_the_right_pairs(neox):
     np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
 
 
-@pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 24, 30),
-                                       (20, 16, 30), (150, 32, 157), (20, 24, 30)])
+@pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 80, 30),
+                                       (3, 24, 30), (20, 16, 30), (150, 32, 157), (20, 24, 30)])
 @pytest.mark.parametrize("f16", [False, True])
 def test_attention_kernels_against_float64(n, d, n_kv, f16):
     """The decode kernel (few tokens; a long cache in pieces whose softmaxes are merged, pieces
