@@ -5,20 +5,20 @@ logits=True)`: every generating slot's next token in one batch. Each sequence fi
 PROMPT-token prompt, so attention has a context to look at. Printed per model and n: wall ms per
 step and tokens/s, the process CPU time per step (all threads; with other processes on the cores
 it says what the step itself costs far more steadily than the wall time), and each n's step time
-over the time of a step of 1 token, by wall and by CPU time (medians over steps, then rounds).
+over the time of a step of 1 token, by wall and by CPU time (medians over all timed steps).
 
-With --base PKG (the `.pkg` folder of another checkout, e.g. a copy of main's code) each round
-runs both the code under test and the base in fresh subprocesses, alternately, so before and after
-are measured in the same run under the same load; the load average is printed with the results
-(the machine's cores are shared: ratios within a run matter more than absolute figures).
+With --base PKG (the `.pkg` folder of another checkout, e.g. a copy of main's code) the code under
+test and the base run in two worker processes that take turns step by step, so before and after
+are measured under the same load; the load average is printed with the results (the machine's
+cores are shared: ratios within a run matter more than absolute figures). A short pause before
+each step lets the other worker's idle threads stop spinning.
 
-    python benchmarks/bench_batch_decode.py [--threads 1 2] [--n 1 2 4 8 16] [--rounds 3]
+    python benchmarks/bench_batch_decode.py [--threads 1 2] [--n 1 2 4 8 16] [--steps 24]
         [--base /tmp/bd-base/.pkg] [--model PATH ...]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import subprocess
@@ -31,104 +31,110 @@ import platformdirs
 STORE = pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "test-models"
 MODELS = [STORE / "SmolLM2-135M-Instruct.Q4_1.gguf", STORE / "gemma-3-270m-q4_k_m.gguf"]
 PROMPT = 64  # context tokens per sequence before the timed steps
-STEPS = 12  # timed steps per (model, n); the median is reported
+PAUSE = 0.02  # seconds before each step
 
 
-def step_times(path: str, n: int, threads: int) -> tuple[list[float], list[float]]:
-    """Wall and process CPU seconds of each of STEPS decode steps of n tokens, one per
-    sequence."""
+def serve(threads: int) -> None:
+    """Worker: `load PATH N` loads a model for n sequences and gives each a prompt; `step`
+    decodes one token of every sequence and answers `wall cpu` in seconds."""
     import numba
 
     from llamatui.inference.model import Batch, Model
     numba.set_num_threads(threads)
-    model = Model.load(path, n_ctx=n * (PROMPT + STEPS + 2) + 16, n_seq_max=n)
-    try:
-        rng = np.random.default_rng(n)
-        vocab = model.n_vocab
-        for s in range(n):
-            model.decode(Batch(rng.integers(0, vocab, PROMPT), pos=0, seq_ids=s))
-        walls, cpus = [], []
-        for i in range(STEPS + 1):
-            batch = Batch(rng.integers(0, vocab, n), pos=[PROMPT + i] * n,
+    model, n, pos, rng = None, 0, 0, np.random.default_rng(0)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "load":
+            if model is not None:
+                model.close()
+            n, pos = int(cmd[2]), PROMPT
+            model = Model.load(cmd[1], n_ctx=n * (PROMPT + 512), n_seq_max=n)
+            for s in range(n):
+                model.decode(Batch(rng.integers(0, model.n_vocab, PROMPT), pos=0, seq_ids=s))
+            print("ok", flush=True)
+        else:
+            batch = Batch(rng.integers(0, model.n_vocab, n), pos=[pos] * n,
                           seq_ids=list(range(n)), logits=True)
+            pos += 1
             c0 = time.process_time()
             t0 = time.perf_counter()
             model.decode(batch)
-            if i:  # the first step warms caches (and compiles, on a cold numba cache)
-                walls.append(time.perf_counter() - t0)
-                cpus.append(time.process_time() - c0)
-        return walls, cpus
-    finally:
-        model.close()
+            print(time.perf_counter() - t0, time.process_time() - c0, flush=True)
 
 
-def worker(args) -> None:
-    """Measures every (model, n) at one thread count; prints JSON
-    {model: {n: [median wall s, median CPU s]}}."""
-    res = {}
-    for path in args.model:
-        res[path] = {n: [float(np.median(t)) for t in step_times(path, n, args.worker)]
-                     for n in args.n}
-    print(json.dumps(res))
+class Worker:
+    def __init__(self, pkg: str, threads: int):
+        env = dict(os.environ, PYTHONPATH=pkg)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(threads)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+
+    def ask(self, line: str) -> str:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
-def run_worker(pkg: str, args, threads: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=pkg)
-    cmd = [sys.executable, __file__, "--worker", str(threads), "--n", *map(str, args.n),
-           "--model", *args.model]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def measure(workers: dict, path: str, n: int, steps: int) -> dict:
+    """{label: (median wall s, median CPU s)} over `steps` steps taken in turns."""
+    for w in workers.values():
+        assert w.ask(f"load {path} {n}").startswith("ok")
+        w.ask("step")  # warm-up (and numba compile, on a cold cache)
+    times = {label: [] for label in workers}
+    for _ in range(steps):
+        for label, w in workers.items():
+            time.sleep(PAUSE)
+            times[label].append([float(v) for v in w.ask("step").split()])
+    return {label: tuple(np.median(t, axis=0)) for label, t in times.items()}
 
 
-def report(label: str, runs: list[dict], args) -> dict:
-    """Prints one table per model; returns {model: {n: (median wall s, median CPU s)}}."""
-    med = {}
-    for path in args.model:
-        med[path] = {n: tuple(np.median([r[path][str(n)] for r in runs], axis=0))
-                     for n in args.n}
-        print(f"  {label:6} {pathlib.Path(path).name}")
-        one_wall, one_cpu = med[path][args.n[0]]
-        for n in args.n:
-            wall, cpu = med[path][n]
-            print(f"    n={n:<3} {1e3 * wall:8.2f} ms/step {n / wall:8.1f} tok/s  "
-                  f"cpu {1e3 * cpu:8.2f} ms/step  step / step(n={args.n[0]}): "
-                  f"wall {wall / one_wall:5.2f} cpu {cpu / one_cpu:5.2f}")
-    return med
+def report(label: str, med: dict, ns: list[int]) -> None:
+    one_wall, one_cpu = med[ns[0]]
+    for n in ns:
+        wall, cpu = med[n]
+        print(f"    {label:6} n={n:<3} {1e3 * wall:8.2f} ms/step {n / wall:8.1f} tok/s  "
+              f"cpu {1e3 * cpu:8.2f} ms/step  step / step(n={ns[0]}): wall {wall / one_wall:5.2f}"
+              f" cpu {cpu / one_cpu:5.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--n", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--base", help="the .pkg folder of the code to compare against")
     ap.add_argument("--model", nargs="+", default=[str(m) for m in MODELS])
-    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.worker:
-        return worker(args)
+    if args.serve:
+        return serve(args.serve)
     here = str(pathlib.Path(__file__).resolve().parents[1] / ".pkg")
     pkgs = {"after": os.environ.get("PYTHONPATH", here)}
     if args.base:
         pkgs = {"before": args.base, **pkgs}
     for threads in args.threads:
-        runs = {label: [] for label in pkgs}
-        loads = []
-        for _ in range(args.rounds):
-            for label, pkg in pkgs.items():
-                loads.append(os.getloadavg()[0])
-                runs[label].append(run_worker(pkg, args, threads))
-        print(f"\nthreads {threads}, {args.rounds} rounds, load average (1 min) "
-              f"{min(loads):.1f}..{max(loads):.1f}")
-        meds = {label: report(label, r, args) for label, r in runs.items()}
-        if "before" in meds:
+        workers = {label: Worker(pkg, threads) for label, pkg in pkgs.items()}
+        try:
             for path in args.model:
-                print(f"  speed-up (before / after) {pathlib.Path(path).name}:")
-                for i, clock in enumerate(("wall", "cpu")):
-                    ratios = "  ".join(
-                        f"n={n}: {meds['before'][path][n][i] / meds['after'][path][n][i]:.2f}x"
-                        for n in args.n)
-                    print(f"    {clock:4} {ratios}")
+                load = [os.getloadavg()[0]]
+                res = {n: measure(workers, path, n, args.steps) for n in args.n}
+                load.append(os.getloadavg()[0])
+                print(f"\n{pathlib.Path(path).name}, {threads} thread(s), {args.steps} steps "
+                      f"each, load average (1 min) {min(load):.1f}..{max(load):.1f}")
+                for label in pkgs:
+                    report(label, {n: res[n][label] for n in args.n}, args.n)
+                if args.base:
+                    for i, clock in enumerate(("wall", "cpu")):
+                        ratios = "  ".join(f"n={n}: {res[n]['before'][i] / res[n]['after'][i]:.2f}x"
+                                           for n in args.n)
+                        print(f"    speed-up {clock:4} {ratios}")
+        finally:
+            for w in workers.values():
+                w.close()
 
 
 if __name__ == "__main__":
