@@ -19,6 +19,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import ClassVar
 
 from llamatui.inference import ContextFullError, QueueFullError, SamplingParams
 
@@ -111,7 +112,7 @@ class Mailbox:
     that delivers every event posted until it runs, so that a decode step of n slots costs
     the loop one wake-up rather than n."""
 
-    _by_loop: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _by_loop: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -119,7 +120,7 @@ class Mailbox:
         self._items: list = []
 
     @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> "Mailbox":
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
         box = cls._by_loop.get(loop)
         if box is None:
             box = cls._by_loop[loop] = cls(loop)
