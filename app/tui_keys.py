@@ -20,6 +20,7 @@ APP_ACTIONS = [
      "find GGUF repositories on Hugging Face"),
     ("f7", "model_manager('files')", "Files", "Repository files",
      "the open repository's files by quantization, with fit badges"),
+    ("f12", "server", "Server", "Server", "serve the chat's model as an OpenAI-compatible API"),
 ]
 
 
