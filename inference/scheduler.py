@@ -382,7 +382,9 @@ class Scheduler:
         slot.prompt_pos = slot.n_reused = reuse
         slot.sampler = Sampler(req.params, self.model.n_vocab, n_ctx=slot.n_ctx)
         slot.sampler.accept_many(req.prompt)
-        slot.decoder = self.tokenizer.stream_decoder(unparse_special=False)
+        # a grammar checked the raw pieces: show those, not detokenize's cleaned-up text
+        slot.decoder = self.tokenizer.stream_decoder(unparse_special=False,
+                                                     verbatim=req.constraint is not None)
         slot.stops = StopStringMatcher(req.params.stop)
         slot.state = SlotState.PROMPT
         slot.t_start = time.perf_counter()
