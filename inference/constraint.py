@@ -86,11 +86,6 @@ class ConstraintSpec:
             raise ConstraintError(f"a {self.kind} constraint needs its text, got "
                                   f"{self.source!r}")
 
-    @property
-    def schema(self) -> dict | None:
-        """The JSON schema (for json_schema), parsed."""
-        return json.loads(self.source) if self.kind == "json_schema" else None
-
     def compile(self) -> str:
         """The llguidance grammar (its JSON form) for this spec, checked: ConstraintError names
         what llguidance refuses (an unimplemented keyword, a bad regex, an unknown rule)."""
@@ -144,7 +139,8 @@ def _strip_prefix(message: str) -> str:
 class _TokenizerWrapper:
     """What llguidance's LLTokenizer reads from a Python tokenizer (its TokenizerWrapper
     protocol): token bytes, EOS/BOS ids, special ids and a text → ids callable, which it calls
-    to tokenize forced text."""
+    to tokenize forced text. It holds the tokenizer weakly: the cache below is keyed by the
+    tokenizer, and a strong reference from inside llguidance would keep both alive forever."""
     is_tokenizer_wrapper = True
 
     def __init__(self, tokenizer, tokens, eos_id, special_ids):
@@ -152,10 +148,10 @@ class _TokenizerWrapper:
         self.eos_token_id = eos_id
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = special_ids
-        self._encode = tokenizer.encode
+        self._tokenizer = weakref.ref(tokenizer)
 
     def __call__(self, text: str) -> list[int]:
-        return self._encode(text, add_special=False)
+        return self._tokenizer().encode(text, add_special=False)
 
 
 class ConstraintVocab:
@@ -184,7 +180,6 @@ class ConstraintVocab:
         eos = tokenizer.eos_id if tokenizer.eos_id in tokenizer.eog_ids else \
             (eog[0] if eog else None)
         special = sorted(set(special) | set(eog))
-        self.tokenizer = tokenizer
         self.n_vocab = n_vocab
         self.eog_ids = np.array(eog, dtype=np.int64)
         self.ll = llg.LLTokenizer(_TokenizerWrapper(tokenizer, tokens, eos, special))

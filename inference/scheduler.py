@@ -89,7 +89,9 @@ class GenerationEvent:
     time_to_first_token: float = 0.0
     kv_used: int = 0
     kv_total: int = 0
-    finish_reason: str | None = None  # "stop", "eog", "length", "cancelled", "context_full", "error"
+    # "stop", "eog" (also: a constraint's grammar is complete), "length", "cancelled",
+    # "context_full", "error"
+    finish_reason: str | None = None
     logprob: float | None = None  # of token_id, when the request asked for n_probs
     top_logprobs: list = field(default_factory=list)  # [(token id, logprob)], most likely first
     error: str | None = None

@@ -4,9 +4,11 @@ mask kernel, EOG allowed exactly when the grammar accepts, forced tokens, llama.
 sampling. With both starter models: every schema of tests/data/json_schemas.json gives output
 that validates with jsonschema, every grammar of tests/data/grammars/ output that parses, through
 Engine.generate, the scheduler and `llamatui run`."""
+import gc
 import json
 import pathlib
 import queue
+import weakref
 
 import jsonschema
 import numpy as np
@@ -130,6 +132,16 @@ def _allowed(c, tokenizer):
 def test_the_vocabulary_is_built_once_per_tokenizer(tokenizer):
     assert ConstraintVocab.of(tokenizer) is ConstraintVocab.of(tokenizer)
     assert ConstraintVocab.of(tokenizer).ll.vocab_size == tokenizer.n_vocab
+
+
+def test_the_vocabulary_goes_with_its_tokenizer(smollm2_path):
+    """An app that loads model after model must not keep every vocabulary."""
+    tok = Tokenizer.from_gguf(smollm2_path)
+    c = _constraint(tok, "regex", "[a-z]+")
+    alive = weakref.ref(tok)
+    del tok, c
+    gc.collect()
+    assert alive() is None
 
 
 def test_eog_is_allowed_exactly_when_the_grammar_accepts(tokenizer):
