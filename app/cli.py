@@ -20,6 +20,7 @@ COMMANDS = {
     "inspect": ("cmd_inspect", "show a GGUF file's metadata and tensors"),
     "run": ("cmd_run", "generate text from a prompt, or chat in the terminal (--chat)"),
     "tokenize": ("cmd_tokenize", "print the token ids of a text"),
+    "embed": ("cmd_embed", "print the embedding vector of each text, like llama-embedding"),
     "perplexity": ("cmd_perplexity", "measure perplexity on a text file like llama-perplexity"),
     "bench": ("cmd_bench", "measure prompt and generation speed like llama-bench"),
     "quantize": ("cmd_quantize", "quantize a GGUF model like llama-quantize"),

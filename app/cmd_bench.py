@@ -1,5 +1,6 @@
-"""`llamatui bench -m MODEL -p 512 -n 128 [-d 4096] -t 2 -r 3 [-o json]`: llama-bench's tests
-and table."""
+"""`llamatui bench -m MODEL -p 512 -n 128 [-d 4096] [-ngl N] -t 2 -r 3 [-o json]`: llama-bench's
+tests and table. As llama-bench, the table has an `ngl` column when layers run on a GPU (or -ngl
+is given) and a `threads` column when the CPU runs them (or -t is given)."""
 import json
 import os
 
@@ -7,7 +8,7 @@ from llamatui.inference.bench import run_bench
 
 from .cli import UsageError
 from .engine_args import load_engine
-from .flags import add_cache_types, add_threads, int_at_least
+from .flags import add_cache_types, add_offload, add_threads, int_at_least
 
 
 def add_arguments(p):
@@ -20,6 +21,7 @@ def add_arguments(p):
         p.add_argument(flag, long, type=int_at_least(0, "cannot be negative"), default=default,
                        metavar="N", help=f"{what} (default: {default})")
     add_threads(p)
+    add_offload(p)
     p.add_argument("-r", "--repetitions", type=int_at_least(1), default=5, metavar="N",
                    help="number of times to repeat each test (default: 5)")
     add_cache_types(p)
@@ -39,11 +41,14 @@ def run(args):
         results = run_bench(engine, args.n_prompt, args.n_gen, args.repetitions,
                             n_depth=args.n_depth)
         info = engine.info
+        backend = "CUDA" if info.n_gpu_layers else "CPU"
+        ngl = info.n_gpu_layers if args.n_gpu_layers in (None, "auto") else args.n_gpu_layers
         if args.output == "json":
             print(json.dumps([{
                 "model_filename": info.path, "model_type": f"{info.architecture} "
                 f"{info.quantization}", "model_size": info.file_bytes,
-                "model_n_params": info.n_params, "n_threads": engine.threads,
+                "model_n_params": info.n_params, "backends": backend,
+                "n_gpu_layers": info.n_gpu_layers, "n_threads": engine.threads,
                 "type_k": info.cache_type_k, "type_v": info.cache_type_v,
                 "n_prompt": r.n_tokens if r.test.startswith("pp") else 0,
                 "n_gen": r.n_tokens if r.test.startswith("tg") else 0, "n_depth": args.n_depth,
@@ -51,14 +56,26 @@ def run(args):
             } for r in results], indent=1))
             return 0
         model = f"{info.architecture} {_size_label(info.n_params)} {info.quantization}"
-        print("| model                          |       size |     params | backend    | "
-              "threads |            test |                  t/s |")
-        print("| ------------------------------ | ---------: | ---------: | ---------- | "
-              "------: | --------------: | -------------------: |")
+        columns = [("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"),
+                   ("backend", 10, "<")]
+        if backend != "CPU" or args.n_gpu_layers is not None:
+            columns.append(("ngl", 3, ">"))
+        if backend == "CPU" or args.threads is not None:
+            columns.append(("threads", 7, ">"))
+        columns += [("test", 15, ">"), ("t/s", 20, ">")]
+        print("| " + " | ".join(f"{name:{align}{width}s}" for name, width, align in columns)
+              + " |")
+        print("| " + " | ".join(("-" * width if align == "<" else "-" * (width - 1) + ":")
+                                for _, width, align in columns) + " |")
         for r in results:
-            print(f"| {model:30s} | {info.file_bytes / 2**20:6.2f} MiB | "
-                  f"{info.n_params / 1e6:8.2f} M | {'CPU':10s} | {engine.threads:7d} | "
-                  f"{r.test:>15s} | {r.avg_ts:12.2f} ± {r.stddev_ts:5.2f} |")
+            values = {"model": model, "size": f"{info.file_bytes / 2**20:6.2f} MiB",
+                      "params": f"{info.n_params / 1e6:8.2f} M", "backend": backend,
+                      "ngl": str(ngl), "threads": str(engine.threads), "test": r.test,
+                      "t/s": f"{r.avg_ts:12.2f} ± {r.stddev_ts:5.2f}"}
+            print("| " + " | ".join(f"{values[name]:{align}{width}s}"
+                                    for name, width, align in columns) + " |")
+        if info.gpu_note and args.n_gpu_layers not in (None, 0):
+            print(f"\n{info.gpu_note}")
         print(f"\nllamatui, {os.path.basename(info.path)}")
     finally:
         engine.close()

@@ -1,4 +1,5 @@
-"""`llamatui hw`: this machine's RAM, CPU, SIMD, GPUs and the store's free disk."""
+"""`llamatui hw`: this machine's RAM, CPU, SIMD, GPUs (free VRAM, what fits on each, whether GPU
+offload works) and the store's free disk."""
 from __future__ import annotations
 
 import json
@@ -6,38 +7,31 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from .cmd_ls import human_bytes
+from .flags import add_ctx_size
 
 
 def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_ctx_size(p, 4096, model_default=False, what="the context the fits are planned for")
 
 
 def run(args):
     from llamatui.models.hardware import detect
+
+    from .hardware_report import gpu_fits, machine_rows, what_it_runs
     hw = detect()
+    runs = what_it_runs(hw, args.ctx_size) if hw.gpus else []
     if args.json:
-        print(json.dumps(hw.as_dict(), indent=1))
+        data = hw.as_dict()
+        for g, d in zip(hw.gpus, data["gpus"]):
+            d["fits"] = gpu_fits(g, runs)
+        print(json.dumps(data, indent=1))
         return 0
     table = Table(title="Hardware", title_justify="left", show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
-    table.add_row("System", f"{hw.os} ({hw.machine}), Python {hw.python}")
-    table.add_row("CPU", hw.cpu_model or "?")
-    table.add_row("Cores", f"{hw.physical_cores or '?'} physical, {hw.logical_cores or '?'} "
-                  "logical")
-    table.add_row("SIMD", " ".join(hw.simd) or "none detected")
-    table.add_row("RAM", f"{human_bytes(hw.ram_available)} available of "
-                  f"{human_bytes(hw.ram_total)}")
-    if hw.gpus:
-        for g in hw.gpus:
-            cc = f", compute {g.compute_capability}" if g.compute_capability else ""
-            table.add_row(f"GPU {g.index}", f"{g.name}: {human_bytes(g.vram_free)} free of "
-                          f"{human_bytes(g.vram_total)}{cc} (via {g.backend})")
-    else:
-        table.add_row("GPU", "none detected")
-    table.add_row("Disk", f"{human_bytes(hw.disk_free)} free of {human_bytes(hw.disk_total)} "
-                  f"at {hw.disk_path}")
+    for label, value in machine_rows(hw, runs):
+        table.add_row(label, value)
     console = Console()
     console.print(table)
     for n in hw.notes:

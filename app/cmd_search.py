@@ -48,15 +48,24 @@ def run(args):
     table.add_column("DOWNLOADS", justify="right")
     table.add_column("LIKES", justify="right")
     table.add_column("UPDATED")
+    table.add_column("ENGINE")
     table.add_column("")
     for m in models:
         table.add_row(m.id, human_count(m.downloads) if m.downloads else "0",
-                      str(m.likes or 0), (m.last_modified or "")[:10],
+                      str(m.likes or 0), (m.last_modified or "")[:10], engine_label(m),
                       "gated" if m.gated else "")
     console.print(table)
     console.print("[dim]llamatui search --files OWNER/REPO lists a repository's "
                   "quantizations; llamatui pull OWNER/REPO[:QUANT] downloads one[/]")
     return 0
+
+
+def engine_label(model) -> str:
+    """ENGINE column: whether llamatui runs the repository's architecture."""
+    runs = model.engine_runs
+    if runs is None:
+        return "?"
+    return "runs" if runs else f"no ({model.architecture})"
 
 
 def _files(args, hub):

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import platformdirs
 
+from llamatui.inference.chat_templates_builtin import CHAT_TEMPLATE_NAMES
+
 DB_NAME = "conversations.sqlite3"
 
 
@@ -64,6 +66,7 @@ class ChatSettings:
     max_tokens: int | None = None
     seed: int | None = None
     n_ctx: int = 4096
+    chat_template: str = ""  # a built-in template's name; "" = the model's own
 
     # (field, label, help) in the order the settings form shows them
     FORM = (
@@ -75,6 +78,8 @@ class ChatSettings:
         ("max_tokens", "Max tokens", "per reply; empty = until the model stops"),
         ("seed", "Seed", "empty = random each time"),
         ("n_ctx", "Context size", "tokens the model sees (reloads the model)"),
+        ("chat_template", "Chat template", "empty = the model's own; or a built-in: chatml, "
+                                           "llama3, gemma, phi3, mistral-v7, deepseek, …"),
     )
 
     def __post_init__(self):
@@ -115,6 +120,10 @@ class ChatSettings:
         integer("max_tokens", 1, 1 << 20, optional=True)
         integer("seed", 0, 2**63 - 1, optional=True)
         integer("n_ctx", 64, 1 << 20)
+        if not isinstance(self.chat_template, str):
+            e["chat_template"] = "must be text"
+        elif self.chat_template and self.chat_template not in CHAT_TEMPLATE_NAMES:
+            e["chat_template"] = "not a built-in template (chatml, llama3, gemma, phi3, …)"
         return e
 
     @classmethod
@@ -122,8 +131,8 @@ class ChatSettings:
         """Settings from the text a user typed (empty = None for the optional fields);
         raises SettingsError naming every bad field."""
         kinds = {"temperature": float, "top_p": float, "min_p": float, "repeat_penalty": float,
-                 "top_k": int, "max_tokens": int, "seed": int, "n_ctx": int}
-        optional = {"max_tokens", "seed"}
+                 "top_k": int, "max_tokens": int, "seed": int, "n_ctx": int, "chat_template": str}
+        optional = {"max_tokens", "seed", "chat_template"}
         defaults = cls()
         parsed: dict = {"system_prompt": system_prompt}
         errors: dict[str, str] = {}
@@ -132,12 +141,12 @@ class ChatSettings:
             parsed[name] = getattr(defaults, name)  # stands in while another field is checked
             if not raw:
                 if name in optional:
-                    parsed[name] = None
+                    parsed[name] = "" if kind is str else None
                 else:
                     errors[name] = "required"
                 continue
             try:
-                parsed[name] = int(raw) if kind is int else float(raw)
+                parsed[name] = raw if kind is str else int(raw) if kind is int else float(raw)
             except ValueError:
                 errors[name] = "must be a whole number" if kind is int else "must be a number"
         try:
@@ -189,6 +198,8 @@ class ChatSettings:
                  f"max tokens {self.max_tokens if self.max_tokens else 'unlimited'}",
                  f"seed {self.seed if self.seed is not None else 'random'}",
                  f"context {self.n_ctx}"]
+        if self.chat_template:
+            parts.append(f"chat template {self.chat_template}")
         return ", ".join(parts)
 
 

@@ -6,7 +6,8 @@ from rich.console import Console
 
 from llamatui.models.store import mark_used, resolve_model
 
-from .flags import add_cache_types, add_ctx_size, add_threads, int_at_least
+from .flags import add_cache_types, add_ctx_size, add_offload, add_threads, int_at_least, \
+    offload_kwargs
 
 
 def add_model_arguments(p, default_ctx: int = 4096, model_ctx: bool = True):
@@ -15,6 +16,7 @@ def add_model_arguments(p, default_ctx: int = 4096, model_ctx: bool = True):
     add_ctx_size(p, default_ctx, model_default=model_ctx)
     add_threads(p)
     add_cache_types(p)
+    add_offload(p)
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory")
     p.add_argument("--mlock", action="store_true", help="keep the model in RAM")
     p.add_argument("--no-context-shift", action="store_true",
@@ -75,13 +77,30 @@ def load_engine(args):
             context_policy="error" if args.no_context_shift else "shift",
             n_keep=max(args.keep, 0),  # --keep -1 needs the prompt: the command sets it
             progress=progress if sys.stderr.isatty() else None,
-            chat_template=chat_template)
+            chat_template=chat_template, **offload_kwargs(args))
     mark_used(path)
     info = engine.info
+    gpu = (f", {info.n_gpu_layers}/{info.n_layer + 1} layers on the GPU "
+           f"({info.vram_bytes / 2**20:.0f} MiB of VRAM)" if info.n_gpu_layers else "")
     console.print(f"[dim]{info.name}: {info.architecture} {info.quantization}, "
                   f"{info.n_params / 1e6:.0f}M parameters, n_ctx {info.n_ctx}, "
-                  f"{engine.threads} threads[/]")
+                  f"{engine.threads} threads{gpu}[/]")
+    note = gpu_note_to_show(info, getattr(args, "n_gpu_layers", None))
+    if note:
+        console.print(f"[yellow]{note}[/]")
     if info.n_ctx > info.n_ctx_train:  # llama.cpp warns the same when a context is created
         console.print(f"[yellow]warning: n_ctx ({info.n_ctx}) > n_ctx_train "
                       f"({info.n_ctx_train}) -- possible training context overflow[/]")
     return engine
+
+
+def gpu_note_to_show(info, requested) -> str:
+    """The engine's reason for not using the GPU, when the user should see it: always when -ngl
+    was given; with the default (auto) only when a GPU library is installed (a CPU-only install
+    has nothing to be told)."""
+    from llamatui.inference.cuda.probe import CUPY_MISSING
+    if not info.gpu_note or requested == 0:
+        return ""
+    if requested is None and CUPY_MISSING in info.gpu_note:
+        return ""
+    return info.gpu_note

@@ -100,3 +100,67 @@ def add_chunks(p) -> None:
 def chunk_limit(n_chunks: int) -> int | None:
     """--chunks as the scoring code takes it: None for all."""
     return None if n_chunks < 0 else n_chunks
+
+
+# ----------------------------------------------------------------------------- GPU offload
+
+
+def gpu_layers(text: str):
+    """-ngl: a layer count, 'auto' or 'all' (a negative count means all, as in llama.cpp)."""
+    from llamatui.inference.cuda.placement import OffloadError, parse_n_gpu_layers
+    try:
+        return parse_n_gpu_layers(text)
+    except OffloadError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of layers, 'auto' or 'all', got {text}") from None
+
+
+gpu_layers.__name__ = "int"
+
+
+def tensor_split(text: str) -> list[float]:
+    """-ts: proportions per GPU, 'N0,N1,...' (or 'N0/N1/...', as llama.cpp also reads)."""
+    parts = text.replace("/", ",").split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated proportions such as 3,1, got {text}") from None
+    if any(not math.isfinite(v) or v < 0 for v in values) or not any(values):
+        raise argparse.ArgumentTypeError(
+            f"proportions must be non-negative and not all 0, got {text}")
+    return values
+
+
+tensor_split.__name__ = "list"
+
+
+def add_offload(p, default_ngl=None) -> None:
+    """llama.cpp's GPU offload flags. default_ngl None: 'auto', quietly (a machine without a
+    GPU says nothing about it unless -ngl is given)."""
+    shown = "auto" if default_ngl is None else default_ngl
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers",
+                   type=gpu_layers, default=default_ngl, metavar="N",
+                   help="max. number of layers to store in VRAM: a number, 'auto' (as many as "
+                        f"fit) or 'all' (default: {shown})")
+    p.add_argument("-mg", "--main-gpu", type=int_at_least(0, "must be a GPU index (0 or more)"),
+                   default=0, metavar="INDEX",
+                   help="the GPU to use with --split-mode none (default: 0)")
+    p.add_argument("-ts", "--tensor-split", type=tensor_split, default=None, metavar="N0,N1,...",
+                   help="fraction of the model to offload to each GPU, e.g. 3,1 (default: in "
+                        "proportion to free memory)")
+    p.add_argument("-sm", "--split-mode", choices=("none", "layer"), default="layer",
+                   help="how to split the model across GPUs: none (all on --main-gpu) or "
+                        "layer (default: layer)")
+    p.add_argument("-nkvo", "--no-kv-offload", action="store_true",
+                   help="keep the KV cache in host memory (attention runs on the CPU)")
+
+
+def offload_kwargs(args) -> dict:
+    """The offload flags as Engine.load takes them."""
+    ngl = getattr(args, "n_gpu_layers", None)
+    return {"n_gpu_layers": "auto" if ngl is None else ngl,
+            "main_gpu": getattr(args, "main_gpu", 0),
+            "tensor_split": getattr(args, "tensor_split", None),
+            "offload_kv": not getattr(args, "no_kv_offload", False),
+            "split_mode": getattr(args, "split_mode", "layer")}

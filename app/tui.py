@@ -19,6 +19,7 @@ from llamatui.models.store import StoreError, resolve_model
 from .conversations import ChatSettings, ConversationStore, default_export_dir
 from .tui_chat import CHAT_ACTIONS, ChatScreen, describe_error
 from .tui_hardware import HARDWARE_ACTIONS, HardwareScreen
+from .tui_keys import APP_ACTIONS, app_bindings, key_label
 from .tui_modals import ErrorModal, HelpScreen, ModelsModal, WelcomeScreen
 from .tui_models import MODELS_ACTIONS, ModelsScreen
 from .tui_widgets import store_models
@@ -33,39 +34,27 @@ APP_KEYS = [
 ]
 
 
-def key_label(key: str) -> str:
-    return {"escape": "Esc", "enter": "Enter"}.get(key, key.upper() if key[:1] == "f" and
-                                                   key[1:].isdigit() else key)
-
-
 class EngineLoader:
     """How the app gets an engine: Engine.load with the chat app's options. Tests replace it to
     share one loaded engine between app instances."""
 
     context_policy = "shift"  # a long chat drops its oldest turns instead of failing
+    # llama.cpp's default: as many layers on the GPU as fit (the Hardware screen's plan); the
+    # CPU when there is no usable GPU
+    n_gpu_layers = "auto"
 
     def load(self, path: str, n_ctx: int, progress):
         from llamatui.inference import Engine
         return Engine.load(path, n_ctx=n_ctx, context_policy=self.context_policy,
-                           progress=progress)
+                           progress=progress, n_gpu_layers=self.n_gpu_layers)
 
     def release(self, engine) -> None:
         engine.close()
 
 
-# Screens reachable from everywhere that are not chat actions: (key, action, footer label,
-# palette title, what it does). Not in the chat footer, which is full at 120 columns; F4 shows
-# in the footers of the welcome and model manager screens (F6 there) instead.
-APP_ACTIONS = [
-    ("f4", "hardware", "Hardware", "Hardware",
-     "this machine's RAM, CPU, GPUs, disk and what it can run"),
-]
-
-
 class LlamaTUI(App):
     TITLE = "llamatui"
-    BINDINGS = [Binding("f1", "help", "Help", priority=True)] + [
-        Binding(key, action, label, show=False) for key, action, label, _, _ in APP_ACTIONS]
+    BINDINGS = [Binding("f1", "help", "Help", priority=True)] + app_bindings()
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, model: str | None = None, *, engine_loader: EngineLoader | None = None,
@@ -186,27 +175,37 @@ class LlamaTUI(App):
 
     # ---------------------------------------------------------------- manager screens
 
-    def open_model_manager(self, tab: str | None = None) -> ModelsScreen:
-        """The model manager: one instance for the app's life, so downloads outlive it."""
+    def _bring_forward(self, screen) -> bool:
+        """If `screen` is on the stack, closes the screens above it; False if it is not there.
+        (Pushing a screen that is already on the stack would put it there twice.)"""
+        if screen not in self.screen_stack:
+            return False
+        while self.screen is not screen:
+            self.pop_screen()
+        return True
+
+    def open_model_manager(self, tab: str = "local") -> ModelsScreen:
+        """The model manager at `tab`: one instance for the app's life, so downloads outlive
+        it."""
         if self.models_screen is None:
-            self.models_screen = ModelsScreen(tab or "local")
+            self.models_screen = ModelsScreen(tab)
             self.install_screen(self.models_screen, name="models")
-        if self.screen is not self.models_screen:
+        if not self._bring_forward(self.models_screen):
             self.push_screen("models")
-        if tab is not None and self.models_screen.is_mounted:
+        if self.models_screen.is_mounted:
             self.models_screen.action_show_tab(tab)
         return self.models_screen
 
-    def action_model_manager(self) -> None:
-        self.open_model_manager()
+    def open_hardware(self) -> None:
+        hardware = next((s for s in self.screen_stack if isinstance(s, HardwareScreen)), None)
+        if hardware is None or not self._bring_forward(hardware):
+            self.push_screen(HardwareScreen())
+
+    def action_model_manager(self, tab: str = "local") -> None:
+        self.open_model_manager(tab)
 
     def action_hardware(self) -> None:
         self.open_hardware()
-
-    def open_hardware(self) -> None:
-        if isinstance(self.screen, HardwareScreen):
-            return
-        self.push_screen(HardwareScreen())
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -227,9 +226,6 @@ class LlamaTUI(App):
                                 partial(self._chat_action, action))
 
     async def _chat_action(self, action: str) -> None:
-        if action == "model_manager":  # a screen of its own: from anywhere
-            await self.chat.run_action(action)
-            return
         if self.screen is not self.chat:
             self.notify("Close this screen first", severity="warning")
             return

@@ -1,9 +1,12 @@
 """The chat screen: conversation, prompt, saved chats and the engine panel.
 
-Threads: the engine runs in thread workers (`_load_engine`, `_generate`) that do nothing but call
-the engine and post messages; the handlers here, on the UI thread, own all state (the engine
-reference, the running reply, the database). A reply is identified by a generation id, so events
-of a reply that was abandoned (chat switched, stopped) are ignored when they arrive late.
+Threads: the engine runs in threads (`_load_engine`, `_generate`, `_release_engine`) that do
+nothing but call the engine and post messages; the handlers here, on the UI thread, own all
+state (the engine reference, the running reply, the database). A reply is identified by a
+generation id, so events of a reply that was abandoned (chat switched, stopped) are ignored when
+they arrive late. Nothing on the UI thread waits for an engine thread without a bound: Esc ends
+the reply on screen at once, and quitting leaves a thread stuck in the engine behind (daemon
+threads), because a chat template can render for minutes where no cancel reaches it.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from rich.markup import escape
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -23,18 +26,18 @@ from textual.widgets import Footer, Header, Input, Static
 
 from .conversations import (ChatSettings, Conversation, Message, code_blocks, export_to_file,
                             title_from)
+from .tui_keys import footer_bindings
 from .tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal, ExportModal,
                          ModelsModal, SettingsModal)
-from .tui_widgets import ChatMessage, ConversationList, EnginePanel, mark_used, reply_meta
+from .tui_widgets import (FINISH_LABELS, ChatMessage, ConversationList, EnginePanel,
+                          base_model_hint, mark_used, model_display_name, reply_meta)
 
 CSS_DIR = pathlib.Path(__file__).parent
 
 # (key, action, footer label, palette title, what it does): one table drives the bindings, the
-# command palette and the help screen, so the three cannot disagree. Keys sharing a footer
-# group show as one footer entry ("^y^b Copy").
-COPY = Binding.Group("Copy", compact=True)
-PANELS = Binding.Group("Panels", compact=True)
-MODELS = Binding.Group("Model", compact=True)  # switch model, model manager
+# command palette and the help screen, so the three cannot disagree. The footer shows all but
+# NOT_IN_FOOTER (every key does not fit in 120 columns); F1 and ctrl+p list them all. The keys
+# that open other screens (F3 models, F4 hardware, F5 downloads...) are the app's: tui_keys.
 CHAT_ACTIONS = [
     ("escape", "stop", "Stop", "Stop generating",
      "stop the reply being written (keeps what was written)"),
@@ -50,18 +53,14 @@ CHAT_ACTIONS = [
     ("ctrl+s", "settings", "Settings", "Chat settings",
      "system prompt, sampling, context size of this chat"),
     ("ctrl+g", "export", "Export", "Export chat to Markdown", "write this chat to a .md file"),
-    ("ctrl+o", "models", "Model", "Switch model", "open another model for this chat"),
-    ("f3", "model_manager", "Models", "Model manager",
-     "local models, Hub search, downloads with fit badges"),
+    ("ctrl+o", "models", "Switch model", "Switch model", "open another model for this chat"),
     ("ctrl+l", "focus_chats", "Chats", "Go to the chat list",
      "move to the saved chats (Enter opens one)"),
     ("f9", "toggle_sidebar", "Chat list", "Toggle chat list", "show or hide the saved chats"),
     ("f10", "toggle_engine", "Engine panel", "Toggle engine panel",
      "show or hide the engine panel"),
 ]
-FOOTER_GROUPS = {"copy_message": COPY, "copy_code": COPY, "focus_chats": PANELS,
-                 "toggle_sidebar": PANELS, "toggle_engine": PANELS,
-                 "models": MODELS, "model_manager": MODELS}
+NOT_IN_FOOTER = {"copy_code", "focus_chats", "toggle_sidebar", "toggle_engine"}
 
 
 # messages from the workers ------------------------------------------------------------------
@@ -96,26 +95,48 @@ class GenerationFailed(TMessage):
         self.gen_id, self.error = gen_id, error
 
 
-class ThreadCount:
-    """How many generation threads are using the engine (one finishing late after a new one
-    started must not make the engine look idle)."""
+# The first prompt read in this process compiles the prompt kernels (numba compiles on first
+# use): seconds to minutes with nothing to show, so the first reply says so until it is read.
+PROMPT_KERNELS_READY = threading.Event()
+READING_PROMPT = "reading the prompt…"
+READING_FIRST_PROMPT = "reading the prompt (first run compiles kernels, may take a while)…"
+# How long closing an engine waits for its last reply to end (a cancel ends it within one step,
+# unless it is stuck where no cancel reaches: then the engine is left to it)
+ENGINE_IDLE_WAIT = 1.0
+
+
+def start_thread(name: str, target, *args) -> threading.Thread:
+    """Runs engine work in a daemon thread rather than a Textual thread worker: Textual waits
+    for its workers when the app exits, and Python for its non-daemon threads, while a call into
+    the engine can be stuck for minutes (a hostile chat template) and must not keep the app from
+    quitting."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+class EngineUsers:
+    """How many generation threads use each engine: one is closed only once none does (one
+    finishing late after a new one started must not make the engine look idle)."""
 
     def __init__(self):
-        self._n = 0
+        self._n: dict[int, int] = {}
         self._cond = threading.Condition()
 
-    def enter(self) -> None:
+    def enter(self, engine) -> None:
         with self._cond:
-            self._n += 1
+            self._n[id(engine)] = self._n.get(id(engine), 0) + 1
 
-    def leave(self) -> None:
+    def leave(self, engine) -> None:
         with self._cond:
-            self._n -= 1
+            self._n[id(engine)] -= 1
+            if not self._n[id(engine)]:
+                del self._n[id(engine)]
             self._cond.notify_all()
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
+    def wait_idle(self, engine, timeout: float | None = None) -> bool:
         with self._cond:
-            return self._cond.wait_for(lambda: self._n == 0, timeout)
+            return self._cond.wait_for(lambda: id(engine) not in self._n, timeout)
 
 
 @dataclass
@@ -139,6 +160,7 @@ class Reply:
 def describe_error(error: BaseException, path: str | None = None) -> tuple[str, str]:
     """(title, message) for an error the user should see."""
     from llamatui.inference import ContextFullError, GGUFError
+    from llamatui.inference import ChatTemplateError
     name = pathlib.Path(path).name if path else "the model"
     if isinstance(error, FileNotFoundError):
         return "Model file missing", f"{path or error.filename}: no such file."
@@ -153,13 +175,16 @@ def describe_error(error: BaseException, path: str | None = None) -> tuple[str, 
                                 "size in the settings (ctrl+s).")
     if isinstance(error, PermissionError):
         return "Permission denied", str(error)
+    if isinstance(error, ChatTemplateError):
+        return "Chat template failed", (f"{name}: {error}. The model's own chat template "
+                                        "could not turn this chat into a prompt.")
     return type(error).__name__, str(error) or type(error).__name__
 
 
 class ChatScreen(Screen):
     CSS_PATH = CSS_DIR / "chat.tcss"
-    BINDINGS = [Binding(key, action, label, show=True, group=FOOTER_GROUPS.get(action))
-                for key, action, label, _, _ in CHAT_ACTIONS]
+    BINDINGS = [Binding(key, action, label, show=action not in NOT_IN_FOOTER)
+                for key, action, label, _, _ in CHAT_ACTIONS] + footer_bindings("f3")
 
     def __init__(self):
         super().__init__()
@@ -168,7 +193,7 @@ class ChatScreen(Screen):
         self.wanted_key: tuple[str, int] | None = None  # what is loading
         self.load_id = 0
         self.gen_id = 0
-        self.gen_threads = ThreadCount()  # generation threads using the engine
+        self.engine_users = EngineUsers()  # generation threads using each engine
         self.conversation: Conversation | None = None
         self.messages: list[Message] = []
         self.model_path: str | None = None  # the model of the chat on screen
@@ -216,20 +241,32 @@ class ChatScreen(Screen):
     def log_view(self) -> VerticalScroll:
         return self.query_one("#messages", VerticalScroll)
 
-    def _author(self) -> str:
+    @property
+    def _engine_on_screen(self):
+        """The loaded engine if it is the chat's model (not one being replaced)."""
         if self.engine is not None and self.engine_key and self.engine_key[0] == self.model_path:
-            return self.engine.info.name
-        return pathlib.Path(self.model_path).stem if self.model_path else "Assistant"
+            return self.engine
+        return None
+
+    def _author(self) -> str:
+        if self.model_path is None:
+            return "Assistant"
+        engine = self._engine_on_screen
+        return model_display_name(self.model_path, engine.info.name if engine else None)
 
     def _update_hint(self) -> None:
         hint = self.query_one("#empty-hint", Static)
         hint.display = not self.messages and self.reply is None
         if self.model_path is None:
             hint.update("No model yet. Press ctrl+o to choose one.")
-        else:
-            hint.update(f"Chat with [b]{escape(self._author())}[/b]. "
-                        "Type below and press Enter.\n"
-                        "[dim]F1 keys · ctrl+s settings · ctrl+p commands[/dim]")
+            return
+        engine = self._engine_on_screen
+        base = base_model_hint(self.model_path, not engine.info.has_chat_template) \
+            if engine else None
+        hint.update(f"Chat with [b]{escape(self._author())}[/b]. "
+                    "Type below and press Enter.\n"
+                    + (f"[yellow]{escape(base)}[/yellow]\n" if base else "")
+                    + "[dim]F1 keys · ctrl+s settings · ctrl+p commands[/dim]")
 
     def _set_title(self) -> None:
         self.sub_title = (self.conversation.title if self.conversation else "New chat")
@@ -338,30 +375,47 @@ class ChatScreen(Screen):
         old, self.engine, self.engine_key = self.engine, None, None
         return old
 
-    @work(thread=True, exit_on_error=False, group="release")
-    def _release_engine(self, engine) -> None:
-        self.gen_threads.wait_idle()  # its last reply must be over before it is closed
-        self.app.engine_loader.release(engine)
+    def _post(self, message: TMessage) -> None:
+        """post_message from an engine thread, which may outlive the app."""
+        try:
+            self.post_message(message)
+        except RuntimeError:  # the app's event loop is closed: nobody is left to tell
+            pass
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="engine")
+    def _release_engine(self, engine) -> None:
+        """From the UI thread: closes the engine in a thread, once its last reply is over."""
+        start_thread("release engine", self._release_when_idle, engine, self.app.engine_loader)
+
+    def _release_when_idle(self, engine, loader) -> None:
+        """Thread: closes the engine once its last reply is over (one stuck in a template
+        keeps it open; closing it under that thread could crash)."""
+        self.engine_users.wait_idle(engine)
+        loader.release(engine)
+
     def _load_engine(self, load_id: int, key: tuple[str, int], old) -> None:
-        loader = self.app.engine_loader
+        start_thread("load engine", self._load, load_id, key, old, self.app.engine_loader)
+
+    def _load(self, load_id: int, key: tuple[str, int], old, loader) -> None:
+        """Thread: closes the old engine (first, for its memory, unless a stuck reply holds
+        it), loads the new one and posts it."""
         try:
             if old is not None:
-                self.gen_threads.wait_idle()  # its last reply must be over before it is closed
-                loader.release(old)
+                if self.engine_users.wait_idle(old, ENGINE_IDLE_WAIT):
+                    loader.release(old)
+                else:
+                    start_thread("release engine", self._release_when_idle, old, loader)
 
             def progress(stage: str, done: int, total: int) -> None:
-                self.post_message(EngineProgress(load_id, stage, done, total))
+                self._post(EngineProgress(load_id, stage, done, total))
 
             engine = loader.load(key[0], key[1], progress)
         except BaseException as e:  # GGUFError, MemoryError, OSError...: shown, never raised
-            self.post_message(EngineFailed(load_id, key[0], e))
+            self._post(EngineFailed(load_id, key[0], e))
             return
         if self.closing:  # the app quit while it loaded: nobody will take it
             loader.release(engine)
             return
-        self.post_message(EngineReady(load_id, engine))
+        self._post(EngineReady(load_id, engine))
 
     @on(EngineProgress)
     def _engine_progress(self, msg: EngineProgress) -> None:
@@ -380,12 +434,12 @@ class ChatScreen(Screen):
             self.store.update(self.conversation.id, model_path=self.model_path)
             self.conversation.model_path = self.model_path
             self.refresh_sidebar()
-        self.panel.set_model(msg.engine.info)
+        self.panel.set_model(msg.engine.info, self._author())
         mark_used(self.model_path)
         self._update_hint()
         for w in self.log_view.query(ChatMessage):
             if w.role == "assistant" and w.author == "Assistant":
-                w.author = msg.engine.info.name
+                w.author = self._author()
 
     @on(EngineFailed)
     def _engine_failed(self, msg: EngineFailed) -> None:
@@ -450,10 +504,11 @@ class ChatScreen(Screen):
     async def _start_reply(self) -> None:
         self.gen_id += 1
         history = self._history()
+        author = self._author()
         row = self.store.add_message(self.conversation.id, "assistant", "", "generating",
-                                     {"model": self.engine.info.name})
-        widget = ChatMessage("assistant", "", author=self.engine.info.name,
-                             meta="reading the prompt…", message_id=row.id)
+                                     {"model": author})
+        reading = READING_PROMPT if PROMPT_KERNELS_READY.is_set() else READING_FIRST_PROMPT
+        widget = ChatMessage("assistant", "", author=author, meta=reading, message_id=row.id)
         await self.log_view.mount(widget)
         self.log_view.anchor()  # a new reply follows the text again
         self.reply = Reply(self.gen_id, self.conversation.id, row.id, widget, threading.Event(),
@@ -462,21 +517,24 @@ class ChatScreen(Screen):
         self.panel.start_generation()
         self._ticker = self.set_interval(0.25, self._tick)
         self._state_changed()
-        self.gen_threads.enter()
-        self._generate(self.gen_id, self.engine, history, self.settings.sampling(),
-                       self.reply.stop)
+        self.engine_users.enter(self.engine)
+        start_thread(f"generate {self.gen_id}", self._generate, self.gen_id, self.engine,
+                     history, self.settings.sampling(), self.reply.stop,
+                     self.settings.chat_template or None)
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="generate")
-    def _generate(self, gen_id: int, engine, history, sampling, stop: threading.Event) -> None:
+    def _generate(self, gen_id: int, engine, history, sampling, stop: threading.Event,
+                  chat_template: str | None) -> None:
+        """Thread: streams the engine's events as messages."""
         try:
+            engine.set_chat_template(chat_template)  # the chat's choice, or the model's own
             for event in engine.generate(history, **sampling):
                 if stop.is_set():  # a stop that came before the engine's generate began
                     engine.cancel()
-                self.post_message(Generated(gen_id, event))
-        except BaseException as e:  # ContextFullError, MemoryError, ...: shown, never raised
-            self.post_message(GenerationFailed(gen_id, e))
+                self._post(Generated(gen_id, event))
+        except BaseException as e:  # ChatTemplateError, ContextFullError, ...: shown, not raised
+            self._post(GenerationFailed(gen_id, e))
         finally:
-            self.gen_threads.leave()
+            self.engine_users.leave(engine)
 
     @on(Generated)
     async def _generated(self, msg: Generated) -> None:
@@ -487,6 +545,7 @@ class ChatScreen(Screen):
         reply.last_event = event
         self.panel.generation_event(event)
         if event.kind == "prompt":
+            PROMPT_KERNELS_READY.set()
             reply.widget.set_meta("writing…")
         if event.text:
             reply.parts.append(event.text)
@@ -496,12 +555,19 @@ class ChatScreen(Screen):
 
     @on(GenerationFailed)
     async def _generation_failed(self, msg: GenerationFailed) -> None:
-        reply = self.reply
-        if reply is None or msg.gen_id != reply.gen_id:
+        """Shown even for a reply already stopped: a template that failed after the user gave
+        up waiting on it explains the wait, and will fail again."""
+        from llamatui.inference import ChatTemplateError
+        if self.closing:
             return
         title, text = describe_error(msg.error, self.model_path)
-        self.notify(text, title=title, severity="error", timeout=10)
-        await self._finish_reply("error", reply.last_event)
+        if isinstance(msg.error, ChatTemplateError):  # every reply would fail: a dialog
+            self.app.push_screen(ErrorModal(title, text, "Choose another model with ctrl+o."))
+        else:
+            self.notify(text, title=title, severity="error", timeout=10)
+        reply = self.reply
+        if reply is not None and msg.gen_id == reply.gen_id:
+            await self._finish_reply("error", reply.last_event)
 
     def _tick(self) -> None:
         reply = self.reply
@@ -548,7 +614,7 @@ class ChatScreen(Screen):
         if event is not None and event.kind == "done":
             self.panel.set_kv(event.kv_used)
         else:
-            self.panel.end_generation(f"Idle ({finish})")
+            self.panel.end_generation(f"Idle ({FINISH_LABELS.get(finish, finish)})")
         self._state_changed()
         self.replies_finished += 1
         if not self.closing:
@@ -581,16 +647,18 @@ class ChatScreen(Screen):
         return reply.stream
 
     def shutdown(self) -> None:
-        """Quitting: save the partial reply, stop the engine, wait for it, release it."""
+        """Quitting: save the partial reply, stop the engine, and close it once its reply has
+        ended, waiting a bounded time: a thread stuck in it is left behind (closing the engine
+        under it could crash; the process ends and frees it)."""
         if self.closing:
             return
         self.closing = True
         self._abandon_reply()
-        if self.engine is not None:
-            self.engine.cancel()
-        self.gen_threads.wait_idle(10)
         engine = self._drop_engine()
-        if engine is not None:
+        if engine is None:
+            return
+        engine.cancel()
+        if self.engine_users.wait_idle(engine, ENGINE_IDLE_WAIT):
             self.app.engine_loader.release(engine)
 
     def on_unmount(self) -> None:
@@ -598,13 +666,17 @@ class ChatScreen(Screen):
 
     # ---------------------------------------------------------------- actions
 
-    def action_stop(self) -> None:
-        if self.reply is None:
+    async def action_stop(self) -> None:
+        """Ends the reply at once, keeping what it wrote; the engine stops at its next step.
+        Nothing waits for the generation thread, which may be stuck where no cancel reaches
+        (a chat template rendering for minutes): its late events are ignored."""
+        reply = self.reply
+        if reply is None:
             return
-        self.reply.stop.set()
+        reply.stop.set()
         if self.engine is not None:
             self.engine.cancel()
-        self.panel.end_generation("Stopping")
+        await self._finish_reply("cancelled", reply.last_event)
 
     def _last(self, role: str) -> Message | None:
         return next((m for m in reversed(self.messages) if m.role == role), None)
@@ -756,8 +828,7 @@ class ChatScreen(Screen):
         async def chosen(path: pathlib.Path | None) -> None:
             if path is None:
                 return
-            if self.reply is not None:
-                self.action_stop()
+            await self.action_stop()
             if self.engine is not None and self.model_path != str(path):
                 self.fallback_model = self.model_path
             self.model_path = str(path)
@@ -765,9 +836,6 @@ class ChatScreen(Screen):
             self._update_hint()
 
         self.app.push_screen(ModelsModal(), chosen)
-
-    def action_model_manager(self) -> None:
-        self.app.open_model_manager()
 
     def action_focus_chats(self) -> None:
         self.auto_layout = False

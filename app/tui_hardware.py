@@ -1,5 +1,6 @@
-"""The hardware screen: what this machine has (RAM, CPU, SIMD, GPUs, free disk) and what it can
-run (the starter models and the store's models, each with its fit label).
+"""The hardware screen: what this machine has (RAM, CPU, SIMD, GPUs with what fits on each, whether
+GPU offload works, free disk) and what it can run (the starter models and the store's models,
+each with its fit label); the rows come from hardware_report.py, shared with `llamatui hw`.
 
 Detection and the estimates run in a thread worker (nvidia-smi and GGUF headers can be slow);
 the handler on the UI thread fills the screen.
@@ -19,9 +20,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from llamatui.models import hardware as model_hardware
-from llamatui.models import recommend as model_recommend
-from llamatui.models import store as model_store
 
+from .hardware_report import machine_rows, what_it_runs
+from .tui_keys import footer_bindings
 from .tui_models import FIT_STYLES
 from .tui_widgets import fmt_bytes
 
@@ -32,63 +33,6 @@ HARDWARE_ACTIONS = [
     ("ctrl+r", "refresh", "Refresh", "Detect the hardware again",
      "read RAM, GPUs and disk again"),
 ]
-
-
-def machine_rows(hw) -> list[tuple[str, str]]:
-    """(label, value) rows describing a HardwareInfo."""
-    rows = [("System", f"{hw.os} ({hw.machine}), Python {hw.python}"),
-            ("CPU", hw.cpu_model or "?"),
-            ("Cores", f"{hw.physical_cores or '?'} physical, {hw.logical_cores or '?'} logical"),
-            ("SIMD", " ".join(hw.simd) or "none detected"),
-            ("RAM", f"{fmt_bytes(hw.ram_available) if hw.ram_available is not None else '?'}"
-                    f" available of "
-                    f"{fmt_bytes(hw.ram_total) if hw.ram_total is not None else '?'}")]
-    if hw.gpus:
-        for g in hw.gpus:
-            vram = (f"{fmt_bytes(g.vram_free)} free of {fmt_bytes(g.vram_total)}"
-                    if g.vram_total is not None and g.vram_free is not None else "VRAM unknown")
-            cc = f", compute {g.compute_capability}" if g.compute_capability else ""
-            rows.append((f"GPU {g.index}", f"{g.name}: {vram}{cc} (via {g.backend})"))
-    else:
-        rows.append(("GPU", "none detected (models run on the CPU)"))
-    if hw.disk_free is not None:
-        rows.append(("Disk", f"{fmt_bytes(hw.disk_free)} free of "
-                             f"{fmt_bytes(hw.disk_total or 0)} at {hw.disk_path}"))
-    else:
-        rows.append(("Disk", "unknown"))
-    return rows
-
-
-def what_it_runs(hw, n_ctx: int) -> list[tuple[str, str, int, str, object]]:
-    """(model, source, size, note, Fit or error text) for the starter models and the store's
-    models, at context n_ctx."""
-    out = []
-    store = model_store.store_dir()
-    starters = {s.filename: s for s in model_store.STARTER_MODELS.values()}
-    local = [m for m in model_store.list_models() if m.kind == "model"] \
-        if store.is_dir() else []
-    local_names = {m.path.name for m in local}
-    for s in model_store.STARTER_MODELS.values():
-        if s.filename in local_names:
-            continue  # listed with the store's models below
-        try:
-            est = model_recommend.estimate(
-                model_recommend.ModelShape.from_hub_info(None, s.size), n_ctx)
-            fit = model_recommend.assess(est, hw)
-        except Exception as e:  # noqa: BLE001
-            fit = str(e)
-        out.append((s.title, "starter (not downloaded)", s.size, "estimate from size", fit))
-    for m in local:
-        source = "starter" if m.path.name in starters else (m.repo or m.source)
-        if m.error:
-            out.append((m.name, source, m.size, "", f"unreadable: {m.error}"))
-            continue
-        try:
-            fit = model_recommend.assess(model_recommend.estimate_file(m.path, n_ctx), hw)
-        except Exception as e:  # noqa: BLE001
-            fit = f"{type(e).__name__}: {e}"
-        out.append((m.name, source, m.size, "", fit))
-    return out
 
 
 class HardwareReady(TMessage):
@@ -106,7 +50,7 @@ class HardwareFailed(TMessage):
 class HardwareScreen(Screen):
     CSS_PATH = CSS_DIR / "hardware_screen.tcss"
     BINDINGS = [Binding(key, action, label, show=True) for key, action, label, _, _ in
-                HARDWARE_ACTIONS]
+                HARDWARE_ACTIONS] + footer_bindings("f3", "f5")
     TITLE = "Hardware"
 
     def __init__(self):
@@ -128,9 +72,11 @@ class HardwareScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = "what this machine has and can run"
-        self.query_one("#hw-runs", DataTable).add_columns(
-            "Model", "Source", "Size", "Fit", "Needs")
-        self.query_one("#hw-runs").focus()
+        runs = self.query_one("#hw-runs", DataTable)
+        runs.add_columns("Model", "Source", "Size", "Fit", "Needs")
+        # Shown with its rows: an empty table's header has each column as narrow as its title,
+        # and would jump to the rows' widths when they arrive.
+        runs.display = False
         self.action_refresh()
 
     def action_close(self) -> None:
@@ -154,8 +100,9 @@ class HardwareScreen(Screen):
     @on(HardwareReady)
     def _ready(self, msg: HardwareReady) -> None:
         self.hw, self.runs = msg.hw, msg.runs
-        self.rows = machine_rows(msg.hw)
-        table = Table(box=None, show_header=False, padding=(0, 2))
+        self.rows = machine_rows(msg.hw, msg.runs)
+        # no padding before the first column: the labels line up with the table's first column
+        table = Table(box=None, show_header=False, padding=(0, 2), pad_edge=False)
         table.add_column("", style="bold", no_wrap=True)
         table.add_column("")
         for label, value in self.rows:
@@ -174,6 +121,9 @@ class HardwareScreen(Screen):
                     badge.append(" (approximate)", style="dim")
                 needs = fmt_bytes(fit.estimate.total_bytes)
             runs.add_row(name, source, fmt_bytes(size), badge, needs)
+        if not runs.display:
+            runs.display = True
+            runs.focus()
         self.query_one("#hw-notes", Static).update("\n".join(msg.hw.notes))
         self.loads += 1
 

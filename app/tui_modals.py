@@ -16,6 +16,7 @@ from textual.widgets import (Button, Footer, Header, Input, Label, OptionList, S
 from textual.widgets.option_list import Option
 
 from .conversations import ChatSettings, SettingsError
+from .tui_keys import footer_bindings
 from .tui_widgets import ModelChooser
 
 CSS_DIR = pathlib.Path(__file__).parent
@@ -29,10 +30,8 @@ class WelcomeScreen(Screen[pathlib.Path]):
     """First run: no model yet. Offers the starter models and fetches the one chosen."""
 
     CSS_PATH = [CSS_DIR / "welcome.tcss", CSS_DIR / "models.tcss"]
-    # F3/F4 as on the chat screen (tui_chat.CHAT_ACTIONS): a Hub model can be the first one
-    BINDINGS = [Binding("f1", "app.help", "Help"),
-                Binding("f3", "app.model_manager", "Models"),
-                Binding("f4", "app.hardware", "Hardware")]
+    # the app's keys (tui_keys): a Hub model can be the first one
+    BINDINGS = [Binding("f1", "app.help", "Help")] + footer_bindings("f3", "f4")
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -123,7 +122,8 @@ class SettingsModal(ModalScreen[ChatSettings | None]):
                         yield Label(label, classes="field-label")
                         yield Input(values[name], id=name, validators=[_FieldValidator(name)],
                                     validate_on=["changed", "submitted"], compact=True)
-                        yield Label(help_text, id=f"{name}-help", classes="field-help", markup=False)
+                        yield Label(help_text, id=f"{name}-help", classes="field-help",
+                                    markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")

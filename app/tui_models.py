@@ -30,23 +30,21 @@ from llamatui.models import hub as model_hub
 from llamatui.models import recommend as model_recommend
 from llamatui.models import store as model_store
 
+from .tui_keys import footer_bindings, manager_tab_key
 from .tui_modals import ConfirmModal
 from .tui_widgets import fmt_bytes, fmt_count
+
+# Whether the engine runs a repository or file (the catalog's answer; None: not known yet)
+ENGINE_LABELS = {True: Text("runs", style="green"), False: Text("no", style="red"),
+                 None: Text("?", style="dim")}
 
 CSS_DIR = pathlib.Path(__file__).parent
 
 # (key, action, footer label, palette/help title, what it does): drives the screen's bindings
-# and its part of the help screen. Keys of one tab only show (and work) on that tab.
+# and its part of the help screen. Keys of one tab only show (and work) on that tab. The tabs
+# themselves open with the app's keys (tui_keys.APP_ACTIONS), shown on the tab labels.
 MODELS_ACTIONS = [
     ("escape", "close", "Back", "Close the model manager", "back to the chat"),
-    ("f2", "show_tab('local')", "Local", "Local models", "the models in your store"),
-    ("f3", "show_tab('search')", "Search", "Search the Hub",
-     "find GGUF repositories on Hugging Face"),
-    ("f4", "show_tab('files')", "Files", "Repository files",
-     "the open repository's files by quantization, with fit badges"),
-    ("f5", "show_tab('downloads')", "Downloads", "Downloads", "downloads in progress"),
-    ("f6", "app.hardware", "Hardware", "Hardware",
-     "this machine and what it can run (F4 on the chat screen)"),
     ("o", "open_chat", "Chat", "Chat with the model",
      "a new chat with the selected local model (also Enter)"),
     ("delete", "delete_model", "Delete", "Delete the model",
@@ -223,7 +221,7 @@ class DownloadRow(Vertical, can_focus=True):
 class ModelsScreen(Screen):
     CSS_PATH = CSS_DIR / "models_screen.tcss"
     BINDINGS = [Binding(key, action, label, show=True) for key, action, label, _, _ in
-                MODELS_ACTIONS]
+                MODELS_ACTIONS] + footer_bindings("f4")
     TITLE = "Models"
 
     def __init__(self, tab: str = "local"):
@@ -248,25 +246,25 @@ class ModelsScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
         with TabbedContent(initial=self.initial_tab, id="tabs"):
-            with TabPane("Local", id="local"):
+            with TabPane(f"Local {manager_tab_key('local')}", id="local"):
                 yield DataTable(id="local-table", cursor_type="row", zebra_stripes=True)
                 yield Static("", id="disk-usage", markup=False)
-            with TabPane("Search", id="search"):
+            with TabPane(f"Downloads {manager_tab_key('downloads')}", id="downloads"):
+                yield Static("No downloads yet: Enter or d on a quantization starts one.",
+                             id="downloads-empty", markup=False)
+                yield VerticalScroll(id="downloads-list")
+            with TabPane(f"Search {manager_tab_key('search')}", id="search"):
                 yield Input(placeholder="Search GGUF models on the Hub, Enter to search",
                             id="search-input")
                 yield DataTable(id="search-table", cursor_type="row", zebra_stripes=True)
                 yield Static("Type a name and press Enter; Enter on a result opens it.",
                              id="search-status", markup=False)
-            with TabPane("Files", id="files"):
+            with TabPane(f"Files {manager_tab_key('files')}", id="files"):
                 yield Input(placeholder="owner/repo, Enter to list its files", id="repo-input")
-                yield Static("No repository open: search the Hub (F3) or type one above.",
-                             id="repo-info")
+                yield Static(f"No repository open: search the Hub ({manager_tab_key('search')})"
+                             " or type one above.", id="repo-info")
                 yield DataTable(id="files-table", cursor_type="row")
                 yield Static("", id="fit-detail")
-            with TabPane("Downloads", id="downloads"):
-                yield Static("No downloads yet: Enter or d on a quantization starts one.",
-                             id="downloads-empty", markup=False)
-                yield VerticalScroll(id="downloads-list")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -275,7 +273,7 @@ class ModelsScreen(Screen):
         local.add_columns("Name", "Arch", "Params", "Quant", "Context", "Size", "Source",
                           "Last used")
         self.query_one("#search-table", DataTable).add_columns(
-            "Repository", "Downloads", "Likes", "Updated")
+            "Repository", "Downloads", "Likes", "Updated", "Engine")
         self.query_one("#files-table", DataTable).add_columns(
             " ", "Quant", "Files", "Size", "Fit", "Engine", "Needs")
         self.query_one("#fit-detail").display = False
@@ -293,15 +291,13 @@ class ModelsScreen(Screen):
         self._focus_tab(tab)
 
     def _focus_tab(self, tab: str) -> None:
+        """Focuses a widget of the tab shown. Always one: a focus left on the hidden tab would
+        move to its next widget, and TabbedContent would switch back to the tab of the focus."""
+        rows = list(self.query(DownloadRow))
         target = {"local": "#local-table", "search": "#search-input",
                   "files": "#files-table" if self.listing else "#repo-input",
-                  "downloads": "#downloads-list"}[tab]
-        if tab == "downloads":
-            rows = list(self.query(DownloadRow))
-            if rows:
-                rows[-1].focus()
-            return
-        self.query_one(target).focus()
+                  "downloads": rows[-1] if rows else "#downloads-list"}[tab]
+        (self.query_one(target) if isinstance(target, str) else target).focus()
 
     @on(TabbedContent.TabActivated)
     def _tab_changed(self, event: TabbedContent.TabActivated) -> None:
@@ -360,6 +356,9 @@ class ModelsScreen(Screen):
                 f"{fmt_bytes(u.models_bytes)} used · {fmt_bytes(u.free_bytes)} free")
         if u.n_partials:
             text += f" · {u.n_partials} partial download(s), {fmt_bytes(u.partial_bytes)}"
+        if u.n_incomplete:
+            text += (f" · {u.n_incomplete} unfinished file(s) being written or left by an "
+                     f"interrupted run, {fmt_bytes(u.incomplete_bytes)}")
         text += f" · store: {u.path}"
         self.query_one("#disk-usage", Static).update(text)
         if not msg.models:
@@ -452,7 +451,7 @@ class ModelsScreen(Screen):
         table.clear()
         for m in msg.results:
             table.add_row(m.id, fmt_opt(m.downloads), fmt_opt(m.likes),
-                          (m.last_modified or "")[:10], key=m.id)
+                          (m.last_modified or "")[:10], ENGINE_LABELS[m.engine_runs], key=m.id)
         n = len(msg.results)
         self.query_one("#search-status", Static).update(
             f"{n} repositor{'ies' if n != 1 else 'y'} for {msg.query!r}, most downloaded "
@@ -512,8 +511,7 @@ class ModelsScreen(Screen):
             star = Text("★" if is_best else "", style="bold magenta")
             quant = Text(g.quant, style="bold magenta" if is_best else "")
             files = g.first.name if len(g.files) == 1 else f"{len(g.files)} files (split)"
-            engine = {True: Text("runs", style="green"), False: Text("no", style="red"),
-                      None: Text("?", style="dim")}[fit.supported if fit else g.supported]
+            engine = ENGINE_LABELS[fit.supported if fit else g.supported]
             table.add_row(star, quant, files, fmt_bytes(g.size) if g.size else "?",
                           fit_badge(fit, is_best) if fit else Text("size unknown",
                                                                    style="dim"),
@@ -619,7 +617,7 @@ class ModelsScreen(Screen):
         self.downloads[dl.dl_id] = dl
         self.query_one("#downloads-empty").display = False
         self.query_one("#downloads-list").mount(DownloadRow(dl))
-        self.notify(f"{ref}: see the Downloads tab (F5)",
+        self.notify(f"{ref}: see the Downloads tab ({manager_tab_key('downloads')})",
                     title="Downloading and quantizing" if quantize else "Downloading")
         work = self._fetch_and_quantize if quantize else self._download
         self.run_worker(lambda: work(dl), thread=True, exclusive=True,

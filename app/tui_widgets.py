@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import threading
 import time
 
+from markdown_it import MarkdownIt
 from rich.table import Table
 from rich.text import Text
 from textual import on, work
@@ -15,6 +17,7 @@ from textual.widgets import Input, Label, Markdown, OptionList, ProgressBar, Sta
 from textual.widgets.option_list import Option
 
 from llamatui.models import store as model_store
+from llamatui.models.hub import quant_of
 
 from .conversations import Conversation
 
@@ -29,6 +32,18 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def gpu_fact(info) -> str:
+    """The engine panel's GPU line: layers offloaded and VRAM in use, or why the GPU is not used
+    when a GPU library is installed ('' on a CPU-only install: nothing to say)."""
+    from llamatui.inference.cuda.probe import CUPY_MISSING
+    n_gpu = getattr(info, "n_gpu_layers", 0)
+    if n_gpu:
+        return (f"{n_gpu}/{info.n_layer + 1} layers, "
+                f"{fmt_bytes(getattr(info, 'vram_bytes', 0))} VRAM")
+    note = getattr(info, "gpu_note", "")
+    return "" if not note or CUPY_MISSING in note else note
+
+
 def fmt_count(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.1f}B"
@@ -37,13 +52,76 @@ def fmt_count(n: int) -> str:
     return f"{n / 1e3:.0f}K" if n >= 1e3 else str(n)
 
 
+# --------------------------------------------------------------------------------------------
+# what a model is called, and whether it chats
+
+_SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+_TITLE_QUANT = re.compile(r"\s*\([^()]*\)$")  # the catalogue's "(Q4_1)"
+
+
+def starter_for(path) -> model_store.StarterModel | None:
+    """The starter catalogue's entry of a model file, if it is one."""
+    name = pathlib.Path(path).name
+    return next((m for m in model_store.STARTER_MODELS.values() if m.filename == name), None)
+
+
+def model_display_name(path, general_name: str | None = None) -> str:
+    """What the app calls a model. GGUF's general.name is often the converter's guess from raw
+    metadata ("Smollm2 135M 8k Lc100K Mix1 Ep2" for SmolLM2-135M-Instruct), so, in order: the
+    starter catalogue's title, the file's name when its author capitalised it
+    ("SmolLM2-135M-Instruct.Q4_1.gguf" → "SmolLM2 135M Instruct"), general.name, the file name.
+    """
+    path = pathlib.Path(path)
+    starter = starter_for(path)
+    if starter is not None:
+        return _TITLE_QUANT.sub("", starter.title)
+    stem = _SHARD_SUFFIX.sub("", path.name.removesuffix(".gguf"))
+    quant = quant_of(stem)
+    cut = stem.upper().rfind(quant) if quant else -1
+    if cut > 0:  # the quantization and the separator before it
+        stem = stem[:cut].rstrip("-_. ")
+    words = re.sub(r"[-_ ]+", " ", stem).strip()
+    if words and words != words.lower():
+        return words
+    return general_name or words or path.name
+
+
+BASE_MODEL = "base model: it continues your text rather than chatting"
+
+
+def base_model_hint(path, no_chat_template: bool) -> str | None:
+    """A warning for a model that will not chat well, from the starter catalogue or from the
+    model having no chat template (the engine then speaks ChatML to it, as llama.cpp does)."""
+    starter = starter_for(path)
+    if starter is not None and starter.base_model:
+        return f"{model_display_name(path)} is a {BASE_MODEL}."
+    if no_chat_template:
+        return f"This model has no chat template, so it may be a {BASE_MODEL}."
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# messages
+
 FINISH_LABELS = {"eog": "done", "length": "max tokens", "stop": "stop string",
                  "cancelled": "stopped", "context_full": "context full", "error": "error",
                  "generating": "interrupted"}
 
 
-# --------------------------------------------------------------------------------------------
-# messages
+def _soft_breaks_to_hard(state) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def chat_markdown() -> MarkdownIt:
+    """The parser of messages: Textual's default ("gfm-like") keeping every line break. Chat
+    apps show a reply's single newlines as breaks (a poem, an address), where CommonMark joins
+    the lines into one paragraph; code blocks are not inline text and keep theirs anyway."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("soft_breaks_to_hard", _soft_breaks_to_hard)
+    return parser
 
 
 class ChatMessage(Vertical, can_focus=True):
@@ -62,7 +140,7 @@ class ChatMessage(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Label(self.author, classes="author", markup=False)
-        yield Markdown(self.content, classes="body")
+        yield Markdown(self.content, classes="body", parser_factory=chat_markdown)
         if self.role == "assistant":
             yield Label(self._meta, classes="meta", markup=False)
 
@@ -109,6 +187,7 @@ class EnginePanel(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.info = None
+        self.model_name = ""
         self.stages_seen: list[str] = []  # every load stage shown (tests read it)
         self.load_active = False
         self.status = "No model loaded"
@@ -157,9 +236,11 @@ class EnginePanel(Vertical):
         # After the next refresh: the bar quantizes to its width, unknown until it is laid out.
         self.call_after_refresh(bar.update, total=total or None, progress=done)
 
-    def set_model(self, info) -> None:
+    def set_model(self, info, name: str) -> None:
+        """info: the engine's ModelInfo; name: what the app calls the model."""
         self.load_active = False
         self.info = info
+        self.model_name = name
         self.status = "Ready"
         self.query_one("#load-box").display = False
         self.kv_used = 0
@@ -234,12 +315,15 @@ class EnginePanel(Vertical):
         if info is None:
             facts.add_row("Model", "–")
         else:
-            facts.add_row("Model", info.name)
+            facts.add_row("Model", self.model_name)
             facts.add_row("File", pathlib.Path(info.path).name)
             facts.add_row("Arch", f"{info.architecture}, {info.n_layer} layers")
             facts.add_row("Quant", f"{info.quantization}, {fmt_bytes(info.file_bytes)}")
             facts.add_row("Params", fmt_count(info.n_params))
             facts.add_row("Context", f"{info.n_ctx} (trained {info.n_ctx_train})")
+            gpu = gpu_fact(info)
+            if gpu:
+                facts.add_row("GPU", gpu)
         self.query_one("#model-facts", Static).update(facts)
 
         run = Table.grid(padding=(0, 1))
@@ -296,7 +380,7 @@ class ConversationList(Vertical):
         for c in conversations:
             label = Text(c.title or "New chat", overflow="ellipsis", no_wrap=True)
             label.append("\n")
-            label.append(pathlib.Path(c.model_path).name or "?", style="dim")
+            label.append(model_display_name(c.model_path) if c.model_path else "?", style="dim")
             items.append(Option(label, id=f"c{c.id}"))
         options.add_options(items)
         if current is not None:
@@ -403,6 +487,10 @@ class ModelChooser(Vertical):
                      style="bold")
             t.append(f"  {facts}", style="dim")
             t.append("\nIn your model store", style="dim")
+            starter = starter_for(p)
+            if starter is not None and starter.base_model:
+                t.append(" · ", style="dim")
+                t.append("base model", style="yellow")
             items.append(Option(t, id=f"file:{p}"))
         for m in model_store.STARTER_MODELS.values():
             if m.filename in have:
@@ -411,6 +499,8 @@ class ModelChooser(Vertical):
             t.append(f"  {fmt_bytes(m.size)}  ", style="dim")
             t.append("download", style="reverse")
             t.append(f"\n{m.description}", style="dim")
+            if m.base_model:
+                t.append(f"\nA {BASE_MODEL}.", style="yellow")
             items.append(Option(t, id=f"starter:{m.name}"))
         options.add_options(items)
         if items:

@@ -79,11 +79,44 @@ class QWeight:
         return f"QWeight({self.name!r}, {self.type}, {self.n_out}x{self.n_in})"
 
 
+class KQMask:
+    """The KQ mask of one micro-batch for one window size, as `Backend.attention` takes it:
+    `dense()` is llama.cpp's (n_tokens, n_kv) mask of 0 / -inf (built once per batch and window,
+    for the CPU); a device backend builds the same mask from what it uploaded in `begin_batch`
+    (the cells' positions and sequences, the tokens' positions and sequences), so no mask of
+    n_tokens x n_kv crosses to it. `ctx` is the batch's ForwardContext."""
+
+    __slots__ = ("ctx", "n_swa")
+
+    def __init__(self, ctx, n_swa: int):
+        self.ctx, self.n_swa = ctx, int(n_swa)
+
+    @property
+    def n_kv(self) -> int:
+        return self.ctx.n_kv
+
+    def dense(self) -> np.ndarray:
+        return self.ctx.mask(self.n_swa)
+
+    def __array__(self, dtype=None, copy=None):
+        m = self.dense()
+        return m if dtype is None else m.astype(dtype, copy=False)
+
+
 class Backend(ABC):
     """What a device must do to run layers. Arrays are the backend's own (numpy here, device
     arrays on a GPU); `take` brings an activation from another backend, `to_host` gives numpy."""
 
     name = ""
+    device: int | None = None  # the GPU it runs on, None for the host
+
+    def begin_batch(self, ctx) -> None:
+        """Called once per micro-batch before its layers run (ctx: the ForwardContext): a device
+        backend uploads the batch's token ids, positions, cells and the cells' positions and
+        sequences here, once, rather than with every layer."""
+
+    def close(self) -> None:
+        """Releases what the backend holds on its device."""
 
     @abstractmethod
     def weight(self, tensor):
@@ -120,13 +153,20 @@ class Backend(ABC):
         """RMS norm over the last axis, times `w`."""
 
     @abstractmethod
+    def layer_norm(self, x, w, b, eps: float):
+        """LayerNorm over the last axis, times `w`, plus `b` (None: no bias): BERT's norms."""
+
+    @abstractmethod
     def rope(self, x, pos: np.ndarray, spec: ops.RopeSpec):
         """x (n, n_head, head_dim) rotated for positions `pos` (may rotate in place)."""
 
     @abstractmethod
-    def attention(self, q, k, v, mask: np.ndarray, scale: float):
+    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads, k and v as this backend's
-        kv_store.read gives them: (n, n_head * head_dim_v)."""
+        kv_store.read gives them, or as the batch's own float32 K and V (embeddings attend
+        without the cache), mask a KQMask (or its dense array): (n, n_head * head_dim_v).
+        softcap > 0: q·k becomes tanh(q·k / softcap) · softcap first (Gemma 2's attention
+        logit soft-capping)."""
 
     @abstractmethod
     def swiglu(self, gate, up):
@@ -135,6 +175,10 @@ class Backend(ABC):
     @abstractmethod
     def geglu(self, gate, up):
         """gelu_tanh(gate) * up (ggml's fp16-table GELU)."""
+
+    @abstractmethod
+    def gelu(self, x):
+        """gelu_tanh(x) (ggml's fp16-table GELU): BERT's FFN activation."""
 
     @abstractmethod
     def add(self, a, b):
@@ -196,6 +240,10 @@ class CPUBackend(Backend):
         """RMS norm over the last axis, times `w`."""
         return ops.rms_norm(x, w, eps)
 
+    def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                   eps: float) -> np.ndarray:
+        return ops.layer_norm(x, w, b, eps)
+
     def rope(self, x: np.ndarray, pos: np.ndarray, spec: ops.RopeSpec) -> np.ndarray:
         """x (n, n_head, head_dim) rotated for positions `pos`; may rotate x in place."""
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -207,17 +255,23 @@ class CPUBackend(Backend):
             tables = self._rope_cache[key] = spec.tables(pos)
         return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-                  scale: float) -> np.ndarray:
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask,
+                  scale: float, softcap: float = 0.0) -> np.ndarray:
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
-        k and v come from the cache: float32, or uint16 fp16 bit patterns."""
-        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale)
+        k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
+        itself (float32)."""
+        if isinstance(mask, KQMask):
+            mask = mask.dense()
+        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.geglu(gate, up)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        return ops.gelu(x)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.add(a, b, dtype=np.float32)

@@ -166,16 +166,20 @@ class Arch:
     module:        the file `inference/archs/<module>.py` that holds its forward pass
     title:         how people call it
     rope:          llama_model_rope_type: "norm" (consecutive pairs), "neox" (halves) or "none"
-    swa_pattern:   the default sliding-window layer pattern when the file gives none
-                   (llama_hparams::set_swa_pattern: layer il slides when il % n < n - 1)
-    rope_base_swa: the RoPE base of sliding-window layers when the file gives none
+    swa_pattern:   None: llama.cpp gives the family no sliding-window layers (it ignores
+                   attention.sliding_window); else the default layer pattern when the file gives
+                   none (llama_hparams::set_swa_pattern: layer il slides when il % n < n - 1)
+    n_swa:         the window when the file gives none (0: none unless the file sets one)
+    rope_base_swa: the RoPE base of sliding-window layers when the file gives none (None: the
+                   global rope.freq_base)
     encoder:       bidirectional attention, outputs embeddings (BERT); no text generation
     """
     name: str
     module: str
     title: str
     rope: str = "norm"
-    swa_pattern: int = 0
+    swa_pattern: int | None = None
+    n_swa: int = 0
     rope_base_swa: float | None = None
     encoder: bool = False
 
@@ -187,6 +191,14 @@ class Arch:
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", "llama", "Llama"),
     Arch("gemma3", "gemma3", "Gemma 3", rope="neox", swa_pattern=6, rope_base_swa=10000.0),
+    Arch("bert", "bert", "BERT", rope="none", encoder=True),
+    Arch("nomic-bert", "nomic_bert", "Nomic BERT", rope="neox", encoder=True),
+    # the architectures issue, part 1 (families helper)
+    Arch("phi3", "phi3", "Phi 3", rope="neox"),
+    Arch("gemma2", "gemma2", "Gemma 2", rope="neox", swa_pattern=2, n_swa=4096),
+    Arch("olmo2", "olmo2", "OLMo 2", rope="neox", swa_pattern=4),
+    Arch("smollm3", "smollm3", "SmolLM3"),
+    Arch("granite", "granite", "Granite"),
 )}
 
 

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from . import template_sandbox
 from .chat_templates_builtin import BUILTIN_TEMPLATES, CHAT_TEMPLATE_NAMES
+from .hparams import Meta
 
 __all__ = ["CHAT_TEMPLATE_NAMES", "ChatTemplate", "ChatTemplateError", "ChatTemplateLimitError",
            "ChatTemplateSecurityError", "template_for_vocabulary"]
@@ -136,43 +137,49 @@ class ChatTemplate:
     @classmethod
     def from_metadata(cls, metadata: Mapping, source: str | None = None, *,
                       add_bos: bool | None = None, add_eos: bool | None = None,
-                      tokens: Sequence[str] | None = None) -> "ChatTemplate":
+                      tokens: Sequence[str] | None = None, tokenizer=None) -> "ChatTemplate":
         """For a GGUF file's model: `source` (a built-in name or Jinja source) when given, else
         `tokenizer.chat_template` (else `tokenizer.chat_template.tool_use`), else the built-in
-        template_for_vocabulary picks. The BOS/EOS texts come from `tokenizer.ggml.tokens` and
-        `tokenizer.ggml.{bos,eos}_token_id`, whether the tokenizer adds BOS/EOS from
-        `tokenizer.ggml.add_{bos,eos}_token` (pass add_bos/add_eos to override). `tokens` (a
-        Tokenizer's `vocab`, say) spares decoding the vocabulary list again."""
-        if tokens is None:
-            tokens = metadata.get("tokenizer.ggml.tokens")
+        template_for_vocabulary picks.
+
+        The BOS/EOS texts and whether the tokenizer adds them come from `tokenizer` (the model's
+        Tokenizer: its special ids, llama.cpp's defaults included, as common/chat.cpp takes
+        them from the vocabulary) when given; else from `tokenizer.ggml.tokens`,
+        `tokenizer.ggml.{bos,eos}_token_id` and `tokenizer.ggml.add_{bos,eos}_token` (pass
+        add_bos/add_eos to override, `tokens` to spare decoding the vocabulary again). A value
+        of the wrong type raises ModelMetadataError naming the key."""
+        meta = Meta(metadata, "")
         origin = "override"
         if not source:
             origin = "model"
-            source = metadata.get("tokenizer.chat_template") or \
-                metadata.get("tokenizer.chat_template.tool_use")
-            if source is not None and not isinstance(source, str):
-                raise ChatTemplateError(
-                    f"tokenizer.chat_template must be a string, got {type(source).__name__}")
+            source = meta.str("tokenizer.chat_template", "") or \
+                meta.str("tokenizer.chat_template.tool_use", "")
+        if tokenizer is not None:
+            tokens = tokenizer.vocab
+        elif tokens is None:
+            tokens = meta.strings("tokenizer.ggml.tokens", None)
         if not source:
             origin, source = "vocabulary", template_for_vocabulary(tokens)
+        if tokenizer is not None:
+            texts = [tokenizer.token_text(tid) if tid is not None else ""
+                     for tid in (tokenizer.bos_id, tokenizer.eos_id)]
+            return cls(source, bos_token=texts[0], eos_token=texts[1], add_bos=tokenizer.add_bos,
+                       add_eos=tokenizer.add_eos, origin=origin)
 
         def token_text(key: str) -> str:
-            tid = metadata.get(key)
+            tid = meta.int(key, None, lo=-2**63, hi=2**64 - 1)
             if tid is None or tokens is None:
                 return ""
-            tid = int(tid)
             if not 0 <= tid < len(tokens):
                 raise ChatTemplateError(
                     f"{key} = {tid} is outside the vocabulary of {len(tokens)} tokens")
             return str(tokens[tid])
 
-        model = metadata.get("tokenizer.ggml.model", "")
+        model = meta.str("tokenizer.ggml.model", "")
         if add_bos is None:
-            add_bos = metadata.get("tokenizer.ggml.add_bos_token",
-                                   _ADD_BOS_DEFAULT.get(model, False))
+            add_bos = meta.bool("tokenizer.ggml.add_bos_token", _ADD_BOS_DEFAULT.get(model, False))
         if add_eos is None:
-            add_eos = metadata.get("tokenizer.ggml.add_eos_token",
-                                   _ADD_EOS_DEFAULT.get(model, False))
+            add_eos = meta.bool("tokenizer.ggml.add_eos_token", _ADD_EOS_DEFAULT.get(model, False))
         return cls(source, bos_token=token_text("tokenizer.ggml.bos_token_id"),
                    eos_token=token_text("tokenizer.ggml.eos_token_id"),
                    add_bos=bool(add_bos), add_eos=bool(add_eos), origin=origin)

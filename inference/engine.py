@@ -1,13 +1,16 @@
-"""The engine's public API: load a GGUF model, tokenize, template, generate.
+"""The engine's public API: load a GGUF model, tokenize, template, generate, embed.
 
     engine = Engine.load("model.gguf", n_ctx=4096)
     for event in engine.generate([{"role": "user", "content": "Hi"}], temperature=0.7):
         print(event.text, end="")
 
+    vectors = engine.embed(["first text", "second"])    # (2, n_embd), L2-normalized
+
 The UI and the server use only this module (the server also `engine.scheduler`). `generate` is a
 generator meant to run in a worker thread; `cancel()` from any other thread stops it at the next
 token. Generation runs through the engine's `Scheduler` (inference/scheduler.py): `generate` is a
-one-request client of it, the server a many-request one; there is one generation loop.
+one-request client of it, the server a many-request one; there is one generation loop. `embed`
+is safe from any thread too: it runs between the scheduler's steps.
 """
 from __future__ import annotations
 
@@ -21,15 +24,17 @@ import numpy as np
 from .catalog import mix_name
 from .chat_template import ChatTemplate
 from .constraint import Constraint, ConstraintError, ConstraintSpec
+from .embedding import EUCLIDEAN, POOLINGS, normalize
 from .gguf import GGUFFile
-from .model import Batch, Model
+from .model import Batch, EmbeddingOnlyError, Model
 from .sampling import SamplingParams
 from .scheduler import (CONTEXT_POLICIES, ContextFullError, GenerationEvent, QueueFullError,
                         Scheduler)
 from .tokenizer import Tokenizer
 
-__all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "Engine", "EngineBusyError",
-           "EngineClosedError", "GenerationEvent", "ModelInfo"]
+__all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "EmbeddingOnlyError",
+           "Engine", "EngineBusyError", "EngineClosedError", "GenerationEvent", "ModelInfo",
+           "POOLINGS"]
 
 Progress = Callable[[str, int, int], None]
 MIN_CTX = 8  # as llama.cpp raises a smaller n_ctx to
@@ -59,6 +64,13 @@ class ModelInfo:
     kv_bytes: int
     cache_type_k: str
     cache_type_v: str
+    has_chat_template: bool  # the file has its own (else one is chosen as llama.cpp does)
+    encoder: bool = False  # an embedding model (BERT): embed() only, no text generation
+    pooling: str = "none"  # the model's own pooling_type, embed()'s default
+    n_gpu_layers: int = 0  # layers on a GPU, the output layer counted (llama.cpp's count)
+    vram_bytes: int = 0  # device memory of the offloaded weights and KV rows
+    gpu_note: str = ""  # why the GPU is not used (one line), or ""
+    offload: str = ""  # llama.cpp's summary, "offloaded N/M layers to GPU (...)", or ""
 
 
 def default_threads() -> int:
@@ -119,6 +131,7 @@ class Engine:
         self.scheduler = Scheduler(model, tokenizer, n_slots=n_parallel,
                                    context_policy=context_policy, n_keep=n_keep)
         self._requests: set = set()  # generate()'s requests in flight, for cancel()
+        self.chat_template_choice: str | None = None  # set_chat_template's (None: the model's)
         self._closed = False
         md = gguf.metadata
         ftype = md.get("general.file_type")
@@ -137,6 +150,13 @@ class Engine:
             kv_bytes=model.kv.nbytes,
             cache_type_k=model.kv.type_k,
             cache_type_v=model.kv.type_v,
+            has_chat_template=template.origin == "model",
+            encoder=model.hparams.encoder,
+            pooling=model.hparams.pooling,
+            n_gpu_layers=model.n_gpu_layers,
+            vram_bytes=model.vram_bytes,
+            gpu_note=model.offload_note,
+            offload=model.placement.plan.describe() if model.placement.plan else "",
         )
 
     @classmethod
@@ -144,7 +164,9 @@ class Engine:
              cache_type_k: str = "f16", cache_type_v: str = "f16", use_mmap: bool = True,
              mlock: bool = False, context_policy: str = "shift", n_keep: int = 0,
              warmup: bool = True, progress: Progress | None = None,
-             chat_template: str | None = None, n_parallel: int = 1) -> "Engine":
+             chat_template: str | None = None, n_parallel: int = 1, n_gpu_layers=0,
+             main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
+             split_mode: str = "layer") -> "Engine":
         """Opens a GGUF model. n_ctx 0 means the model's training context. context_policy: what
         happens when the context fills: "shift" (llama.cpp's context shift: keep the first
         n_keep tokens, drop half of the rest) or "error". chat_template: a built-in template's
@@ -152,7 +174,10 @@ class Engine:
         without one a built-in chosen from its vocabulary. A template compiles when a chat first
         needs it: a broken one does not stop the model from loading or running raw prompts.
         n_parallel: slots (sequences generated at once, llama-server's -np); each gets
-        n_ctx / n_parallel of the context."""
+        n_ctx / n_parallel of the context. n_gpu_layers (a count, -1 / "all", or "auto"),
+        main_gpu, tensor_split, offload_kv, split_mode: llama.cpp's -ngl, -mg, -ts,
+        --no-kv-offload (negated) and -sm; without a usable GPU the model runs on the CPU and
+        info.gpu_note says why."""
         if context_policy not in CONTEXT_POLICIES:
             raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
                              f"not {context_policy!r}")
@@ -175,17 +200,24 @@ class Engine:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
             template = ChatTemplate.from_metadata(gguf.metadata, chat_template,
-                                                  add_bos=tokenizer.add_bos,
-                                                  add_eos=tokenizer.add_eos, tokens=tokenizer.vocab)
+                                                  tokenizer=tokenizer)
             report("Loading weights", 2, 3)
             model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
-                               cache_type_v=cache_type_v, n_seq_max=n_parallel)
+                               cache_type_v=cache_type_v, n_seq_max=n_parallel,
+                               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
+                               tensor_split=tensor_split, offload_kv=offload_kv,
+                               split_mode=split_mode)
             engine = cls(gguf, model, tokenizer, template, threads, context_policy, n_keep,
                          n_parallel)
+            engine.chat_template_choice = chat_template
             if warmup:
                 # Like llama.cpp's warm-up decode; on a first run this compiles the kernels.
                 report("Warming up (compiles kernels on first run)", 2, 3)
-                engine.logits([tokenizer.bos_id if tokenizer.bos_id is not None else 0] * 2)
+                tokens = [tokenizer.bos_id if tokenizer.bos_id is not None else 0] * 2
+                if model.hparams.encoder:
+                    engine.embed([tokens], pooling="mean")
+                else:
+                    engine.logits(tokens)
             report("Ready", 3, 3)
             return engine
         except BaseException:
@@ -231,9 +263,11 @@ class Engine:
         """Speaks to the model in another template from the next chat on: a built-in name
         (CHAT_TEMPLATE_NAMES) or Jinja source; None: back to the model's own (or the one chosen
         from its vocabulary). Compiles on first use, like Engine.load's chat_template."""
-        self.template = ChatTemplate.from_metadata(
-            self.gguf.metadata, name_or_source, add_bos=self.tokenizer.add_bos,
-            add_eos=self.tokenizer.add_eos, tokens=self.tokenizer.vocab)
+        if name_or_source == self.chat_template_choice:
+            return
+        self.chat_template_choice = name_or_source
+        self.template = ChatTemplate.from_metadata(self.gguf.metadata, name_or_source,
+                                                   tokenizer=self.tokenizer)
 
     def prompt_tokens(self, prompt_or_messages) -> list[int]:
         """A raw prompt (str) or chat messages (list of {role, content}) as token ids, the way
@@ -262,6 +296,66 @@ class Engine:
             out = self.model.logits_for(ids, seq_id=0)
             slot.tokens = ids
             return out
+
+    def embed(self, inputs, pooling: str | None = None, normalize_as: int = EUCLIDEAN
+              ) -> np.ndarray:
+        """Embeddings, float32 (len(inputs), n_embd): one row per input, a text (tokenized as
+        llama-server does: special tokens added and parsed — BERT's [CLS] ... [SEP]) or a list
+        of token ids; a single str is one input. llama.cpp's `--embeddings`: each input is
+        evaluated on its own, its last hidden states (after the final norm) pooled by `pooling`
+        ("mean", "cls", "last"; None: the model's own `pooling_type`) and each row normalized
+        as llama-server's `embd_normalize` (2: unit Euclidean length; -1: raw; embedding.py).
+
+        Works for encoders (BERT) and decoders alike, never touches the KV cache, and is safe
+        from any thread: it runs between the scheduler's steps, so generations only pause.
+        ValueError for an empty input, an unknown pooling, or a model that sets none when none
+        is given; ContextFullError for an input longer than the model embeds at once."""
+        self._check_open()
+        pooling = self._embedding_pooling(pooling)
+        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        if not items:
+            raise ValueError("no inputs to embed")
+        seqs = [self._embedding_tokens(i, item) for i, item in enumerate(items)]
+        limit = self.model.max_embed_tokens
+        for i, ids in enumerate(seqs):
+            if len(ids) > limit:
+                raise ContextFullError(f"input {i} is {len(ids)} tokens; this model embeds at "
+                                       f"most {limit} at once", len(ids), limit)
+        # the step lock alone (no slot is claimed: embeddings do not use the cache)
+        with self.scheduler.claim_sequence(0, force=True):
+            self._check_open()
+            vectors = self.model.embed(seqs, pooling)
+        return normalize(vectors, normalize_as)
+
+    def _embedding_pooling(self, pooling: str | None) -> str:
+        if pooling is None:
+            pooling = self.model.hparams.pooling
+            if pooling not in POOLINGS:
+                raise ValueError(f"the model's pooling_type is {pooling!r}, which makes no "
+                                 f"embedding per input; choose one of {', '.join(POOLINGS)}")
+        elif pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        return pooling
+
+    def _embedding_tokens(self, i: int, item) -> list[int]:
+        if isinstance(item, str):
+            ids = self.tokenize(item, add_special=True, parse_special=True)
+        elif isinstance(item, (bytes, bytearray)) or not hasattr(item, "__iter__"):
+            raise ValueError(f"input {i} is a {type(item).__name__}: expected a text or a list "
+                             f"of token ids")
+        else:
+            ids = list(item)
+            if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                       for t in ids):
+                raise ValueError(f"input {i} is neither a text nor a list of token ids")
+            ids = [int(t) for t in ids]
+            n_vocab = self.model.n_vocab
+            if any(not 0 <= t < n_vocab for t in ids):
+                raise ValueError(f"input {i} has a token id outside the vocabulary "
+                                 f"[0, {n_vocab})")
+        if not ids:
+            raise ValueError(f"input {i} is empty")
+        return ids
 
     @property
     def batch_size(self) -> int:
@@ -323,6 +417,8 @@ class Engine:
         scheduler: then the request waits its turn). Closing or dropping the generator ends
         its generation and frees the slot."""
         self._check_open()
+        if self.model.hparams.encoder:
+            raise EmbeddingOnlyError(self.model.hparams.arch)
         end_text = None if isinstance(prompt_or_messages, str) else self._end_of_turn_text()
         if end_text:
             sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}

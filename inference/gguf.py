@@ -291,6 +291,13 @@ class Metadata(Mapping):
             return value.packed()
         return None
 
+    def length(self, key) -> int | None:
+        """The element count of an array value without decoding it; None for a scalar."""
+        value = self._raw[key]
+        if isinstance(value, _LazyStrings):
+            return value.count
+        return len(value) if isinstance(value, (np.ndarray, list)) else None
+
     def __iter__(self):
         return iter(self._raw)
 

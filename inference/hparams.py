@@ -14,13 +14,22 @@ reading them through the same `Meta` checks.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .catalog import Arch, get_arch
+import numpy as np
 
-__all__ = ["HParams", "Meta", "ModelMetadataError", "read_hparams", "swa_pattern_layers"]
+from .catalog import Arch, get_arch
+from .gguf import GGUFValueType
+
+__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "is_integer",
+           "read_hparams", "swa_pattern_layers"]
+
+# llama_pooling_type by its number in `{arch}.pooling_type`: how a sequence's embedding is made
+# from its tokens' (none: one per token; rank: a reranker's classification head)
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
 
 # Ranges a real model stays far inside; past them a value is an error, not an allocation.
 MAX_LAYERS = 4096
@@ -31,6 +40,9 @@ MAX_CONTEXT = 1 << 30
 MAX_VOCAB = 1 << 24
 MAX_EXPERTS = 1 << 14
 
+# rope.scaling.type values llama.cpp knows (llama_rope_scaling_type)
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
+
 _REQUIRED = object()
 
 
@@ -40,7 +52,11 @@ class ModelMetadataError(ValueError):
 
 
 def _short(value) -> str:
-    text = repr(value)
+    if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) and len(value) > 8:
+        head = value[:4].tolist() if isinstance(value, np.ndarray) else \
+            list(itertools.islice(value, 4))
+        return f"{repr(head)[:-1]}, ...] ({len(value)} values)"[:80]
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -48,14 +64,15 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
-def _is_int(value) -> bool:
+def is_integer(value) -> bool:
+    """An int (not a bool) or a numpy integer scalar."""
     return isinstance(value, int) and not isinstance(value, bool) or \
         type(value).__module__ == "numpy" and getattr(value, "dtype", None) is not None and \
         value.dtype.kind in "iu" and getattr(value, "ndim", 1) == 0
 
 
 def _is_number(value) -> bool:
-    return _is_int(value) or isinstance(value, float) or \
+    return is_integer(value) or isinstance(value, float) or \
         type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0 and \
         value.dtype.kind == "f"
 
@@ -92,7 +109,7 @@ class Meta:
         key, value, found = self._raw(name, default)
         if not found:
             return value
-        if not _is_int(value) or not lo <= int(value) <= hi:
+        if not is_integer(value) or not lo <= int(value) <= hi:
             raise self.fail(key, value, f"an integer in [{lo}, {hi}]")
         return int(value)
 
@@ -132,17 +149,17 @@ class Meta:
         key, value, found = self._raw(name, default)
         if not found:
             return (value,) * n_layer if value is not None else ()
-        if _is_int(value):
+        if is_integer(value):
             return (self.int(name, lo=lo, hi=hi),) * n_layer
         values = self._array(key, value, n_layer)
-        if not all(_is_int(v) and lo <= int(v) <= hi for v in values):
+        if not all(is_integer(v) and lo <= int(v) <= hi for v in values):
             raise self.fail(key, value, f"integers in [{lo}, {hi}]")
         return tuple(int(v) for v in values)
 
     def bools_per_layer(self, name: str, n_layer: int) -> tuple[bool, ...]:
         key, value, _ = self._raw(name, _REQUIRED)
         values = self._array(key, value, n_layer)
-        if not all(isinstance(v, bool) or _is_int(v) and int(v) in (0, 1) for v in values):
+        if not all(isinstance(v, bool) or is_integer(v) and int(v) in (0, 1) for v in values):
             raise self.fail(key, value, f"{n_layer} bools")
         return tuple(bool(v) for v in values)
 
@@ -155,6 +172,49 @@ class Meta:
         if not all(_is_number(v) and math.isfinite(float(v)) for v in values):
             raise self.fail(key, value, "an array of finite numbers")
         return tuple(float(v) for v in values)
+
+    def strings(self, name: str, default=_REQUIRED, lo: int = 0, hi: int = MAX_VOCAB) -> list:
+        """An array of lo..hi strings (a vocabulary, merges)."""
+        key, value, found = self._raw(name, default)
+        if not found:
+            return value
+        declared = getattr(self.md, "types", {}).get(key)
+        ok = declared is not None and declared.element is not None and \
+            declared.element.type == GGUFValueType.STRING and isinstance(value, list)
+        if not ok:  # not what the file reader gives for a string array: look at every element
+            ok = all(isinstance(v, str) for v in self._array(key, value, None))
+        if not ok or not lo <= len(value) <= hi:
+            raise self.fail(key, value, f"an array of {lo} to {hi} strings")
+        return value
+
+    def numbers(self, name: str, default=_REQUIRED, kind: str = "float", min_len: int = 0,
+                lo: float = -math.inf, hi: float = math.inf) -> np.ndarray:
+        """An array of at least `min_len` numbers in [lo, hi] (NaN never), as a numpy array
+        (int64 for kind "int", float32 for "float"), checked without a Python loop over a
+        large file array."""
+        key, value, found = self._raw(name, default)
+        if not found:
+            return value
+        what = f"an array of at least {min_len} {'integers' if kind == 'int' else 'numbers'}" \
+            + (f" in [{lo:g}, {hi:g}]" if (lo, hi) != (-math.inf, math.inf) else "")
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            ok = value.dtype.kind in ("iu" if kind == "int" else "iuf")
+            arr = np.minimum(value, 2**63 - 1).astype(np.int64) if ok and \
+                value.dtype == np.uint64 else value
+        else:  # a list made by hand: no nested lists, no strings, no bools
+            values = self._array(key, value, None)
+            ok = all(is_integer(v) if kind == "int" else _is_number(v) for v in values)
+            arr = np.array([min(max(int(v), -2**63), 2**63 - 1) for v in values], np.int64) \
+                if ok and kind == "int" else np.array(values if ok else [], np.float64)
+        if ok and len(arr):
+            ok = not (arr.dtype.kind == "f" and np.isnan(arr).any()) and \
+                bool(lo <= arr.min()) and bool(arr.max() <= hi)
+        if not ok or len(arr) < min_len:
+            raise self.fail(key, value, what)
+        if kind == "int":
+            return arr.astype(np.int64)
+        with np.errstate(over="ignore"):
+            return arr.astype(np.float32)
 
     def _array(self, key: str, value, n: int | None) -> list:
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or \
@@ -184,8 +244,13 @@ class HParams:
     rope_freq_base: float
     rope_freq_scale: float = 1.0
     rope_freq_factors: object = None  # float32 per pair (Llama 3.1's rope_freqs), set on load
-    rope_scaling: str = "none"  # "none", "linear", "yarn", "longrope"
-    n_ctx_orig: int = 0  # rope.scaling.original_context_length
+    # LongRoPE's per-pair factors (Phi 3), set on load: the long ones serve contexts longer
+    # than n_ctx_orig (rope_factors_long.weight / rope_factors_short.weight)
+    rope_factors_long: object = None
+    rope_factors_short: object = None
+    rope_scaling: str = "linear"  # "none", "linear", "yarn", "longrope" (llama.cpp's default)
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length (n_ctx_train when absent)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: cos and sin are multiplied by it
     n_swa: int = 0  # sliding window size; 0: none
     swa_layers: tuple[bool, ...] = ()
     rope_freq_base_swa: float = 10000.0
@@ -199,19 +264,52 @@ class HParams:
     n_ff_shexp: int = 0
     norm_eps: float = 1e-5  # LayerNorm's (encoders)
     causal: bool = True
-    pooling: str = "none"
+    pooling: str = "none"  # one of POOLING_TYPES
+    encoder: bool = False  # the catalog's flag: outputs embeddings, never logits
     extra: dict = field(default_factory=dict)  # a family's own values (read in its hook)
 
     def is_swa(self, il: int) -> bool:
         return bool(self.n_swa > 0 and self.swa_layers and self.swa_layers[il])
 
-    def layer_rope(self, il: int):
+    def window(self, il: int) -> int:
+        """The sliding window layer il attends within; 0: the whole sequence."""
+        return self.n_swa if self.is_swa(il) else 0
+
+    def layer_rope(self, il: int, n_ctx: int | None = None):
+        """How layer il rotates Q and K in a context of n_ctx cells (None: the training
+        context), as llama.cpp's graphs call ggml_rope_ext: the layer's base and scale
+        (llama_model::get_rope_freq_base/_scale), the frequency factors of `rope_factors`, YaRN's
+        parameters of `rope_yarn`."""
         from .ops import RopeSpec
-        if self.is_swa(il):
-            return RopeSpec(self.n_rot, self.rope_freq_base_swa, self.rope_freq_scale_swa,
-                            self.rope_neox, self.rope_freq_factors)
-        return RopeSpec(self.n_rot, self.rope_freq_base, self.rope_freq_scale,
-                        self.rope_neox, self.rope_freq_factors)
+        ext_factor, attn_factor = self.rope_yarn()
+        swa = self.is_swa(il)
+        return RopeSpec(self.n_rot, self.rope_freq_base_swa if swa else self.rope_freq_base,
+                        self.rope_freq_scale_swa if swa else self.rope_freq_scale,
+                        self.rope_neox, self.rope_factors(n_ctx), n_ctx_orig=self.n_ctx_orig,
+                        ext_factor=ext_factor, attn_factor=attn_factor)
+
+    def rope_factors(self, n_ctx: int | None = None):
+        """llama_model::get_rope_factors: rope_freqs when the model has them, else LongRoPE's
+        long factors when the context (rounded up to 256 cells, as llama_context rounds it) is
+        longer than the original one, else the short ones; None when the model has none."""
+        if self.rope_freq_factors is not None:
+            return self.rope_freq_factors
+        n_ctx_seq = -(-(n_ctx or self.n_ctx_train) // 256) * 256
+        return self.rope_factors_long if n_ctx_seq > self.n_ctx_orig else self.rope_factors_short
+
+    def rope_yarn(self) -> tuple[float, float]:
+        """(ext_factor, attn_factor) as llama_context's constructor sets them from the file:
+        YaRN mixes (ext_factor 1) only with rope.scaling.type yarn, and its attention factor
+        1 + 0.1·ln(factor) is divided out here because rope_yarn multiplies it back in; the
+        file's rope.scaling.attn_factor multiplies either (float32, as llama.cpp computes)."""
+        f32 = np.float32
+        ext_factor, attn_factor = 0.0, f32(1.0)
+        if self.rope_scaling == "yarn":
+            ext_factor = 1.0
+            factor = f32(1.0) / f32(self.rope_freq_scale)
+            attn_factor = f32(1.0) if factor <= 1 else f32(0.1) * np.log(factor) + f32(1.0)
+            attn_factor = attn_factor * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))
+        return ext_factor, float(f32(attn_factor) * f32(self.rope_attn_factor))
 
     @property
     def kq_scale(self) -> float:
@@ -234,12 +332,21 @@ def _uniform(meta: Meta, name: str, n_layer: int, **bounds) -> int:
 
 
 def _vocab_size(gguf) -> int:
+    """token_embd's row count, which must be the vocabulary's size (llama.cpp creates the tensor
+    with one row per token of tokenizer.ggml.tokens, and refuses another shape)."""
     tok = gguf.tensors.get("token_embd.weight")
     if tok is None:
         raise ModelMetadataError("the model has no token_embd.weight")
     if len(tok.shape) != 2 or not 0 < tok.shape[0] <= MAX_VOCAB:
         raise ModelMetadataError(f"token_embd.weight has shape {tuple(tok.shape)}: expected "
                                  f"(n_vocab ≤ {MAX_VOCAB}, n_embd)")
+    md, key = gguf.metadata, "tokenizer.ggml.tokens"
+    if key in md:  # its type is the tokenizer's to check
+        n_tokens = md.length(key) if hasattr(md, "length") else \
+            len(md[key]) if isinstance(md[key], (list, np.ndarray)) else None
+        if n_tokens is not None and n_tokens != tok.shape[0]:
+            raise ModelMetadataError(f"token_embd.weight has {tok.shape[0]} rows but {key} has "
+                                     f"{n_tokens} tokens: expected one row per token")
     return int(tok.shape[0])
 
 
@@ -269,12 +376,19 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
     if arch.rope != "none" and (n_rot % 2 or n_rot == 0):
         raise ModelMetadataError(f"GGUF metadata {meta.key('rope.dimension_count')} = {n_rot}: "
                                  f"expected an even number in [2, {head_dim_k}]")
-    scaling = meta.str("rope.scaling.type", "none").lower()
+    scaling = meta.str("rope.scaling.type", "linear").lower()
+    if scaling not in ROPE_SCALINGS:
+        raise meta.fail(meta.key("rope.scaling.type"), scaling,
+                        f"one of {', '.join(ROPE_SCALINGS)}")
     factor = meta.float("rope.scaling.factor", 0.0, lo=0.0, hi=1e6) or \
         meta.float("rope.scale_linear", 0.0, lo=0.0, hi=1e6)
+    # llama.cpp keeps the scale in float32, and never scales with type "none"
+    freq_scale = float(np.float32(1.0) / np.float32(factor)) if factor and scaling != "none" \
+        else 1.0
+    n_ctx_train = meta.int("context_length", 2048, lo=1, hi=MAX_CONTEXT)
     hp = HParams(
         arch=arch.name, n_vocab=_vocab_size(gguf),
-        n_ctx_train=meta.int("context_length", 2048, lo=1, hi=MAX_CONTEXT),
+        n_ctx_train=n_ctx_train,
         n_embd=n_embd, n_layer=n_layer,
         n_ff=_uniform(meta, "feed_forward_length", n_layer, lo=0) if
         meta.has("feed_forward_length") else 0,
@@ -285,16 +399,19 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
         norm_eps=meta.float("attention.layer_norm_epsilon", 1e-5, lo=0.0, hi=1.0, lo_open=True),
         rope_neox=arch.rope == "neox",
         rope_freq_base=meta.float("rope.freq_base", 10000.0, lo=0.0, hi=1e12, lo_open=True),
-        rope_freq_scale=1.0 / factor if factor else 1.0,
+        rope_freq_scale=freq_scale,
         rope_scaling=scaling,
-        n_ctx_orig=meta.int("rope.scaling.original_context_length", 0, lo=0, hi=MAX_CONTEXT),
-        final_logit_softcap=meta.float("final_logit_softcapping", 0.0, lo=0.0, hi=1e6),
-        attn_logit_softcap=meta.float("attn_logit_softcapping", 0.0, lo=0.0, hi=1e6),
+        n_ctx_orig=meta.int("rope.scaling.original_context_length", n_ctx_train, lo=1,
+                            hi=MAX_CONTEXT),
+        rope_attn_factor=meta.float("rope.scaling.attn_factor", 1.0, lo=0.0, hi=1e6,
+                                    lo_open=True),
         n_expert=meta.int("expert_count", 0, lo=0, hi=MAX_EXPERTS),
         n_expert_used=meta.int("expert_used_count", 0, lo=0, hi=MAX_EXPERTS),
         n_ff_exp=meta.int("expert_feed_forward_length", 0, lo=0),
         n_ff_shexp=meta.int("expert_shared_feed_forward_length", 0, lo=0),
         causal=meta.bool("attention.causal", not arch.encoder),
+        pooling=POOLING_TYPES[meta.int("pooling_type", 0, lo=0, hi=len(POOLING_TYPES) - 1)],
+        encoder=arch.encoder,
     )
     if hp.n_expert_used > hp.n_expert:
         raise ModelMetadataError(f"{meta.key('expert_used_count')} = {hp.n_expert_used} is more "
@@ -306,14 +423,19 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
 
 
 def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:
-    hp.n_swa = meta.int("attention.sliding_window", 0, lo=0, hi=MAX_CONTEXT)
+    """The window and which layers slide, for the families llama.cpp gives sliding-window
+    layers (the catalog's swa_pattern); the others attend over every cell whatever the file
+    says (llama.cpp's llama, phi3... ignore attention.sliding_window)."""
+    if arch.swa_pattern is None:
+        return
+    hp.n_swa = meta.int("attention.sliding_window", arch.n_swa, lo=0, hi=MAX_CONTEXT)
     if meta.has("attention.sliding_window_pattern") and \
-            not _is_int(meta.md[meta.key("attention.sliding_window_pattern")]):
+            not is_integer(meta.md[meta.key("attention.sliding_window_pattern")]):
         hp.swa_layers = meta.bools_per_layer("attention.sliding_window_pattern", hp.n_layer)
     else:
         pattern = meta.int("attention.sliding_window_pattern", arch.swa_pattern, lo=0,
                            hi=MAX_LAYERS)
         hp.swa_layers = swa_pattern_layers(hp.n_layer, pattern) if hp.n_swa else ()
-    if arch.rope_base_swa is not None:
-        hp.rope_freq_base_swa = meta.float("rope.freq_base_swa", arch.rope_base_swa, lo=0.0,
-                                           hi=1e12, lo_open=True)
+    base_swa = hp.rope_freq_base if arch.rope_base_swa is None else arch.rope_base_swa
+    hp.rope_freq_base_swa = meta.float("rope.freq_base_swa", base_swa, lo=0.0, hi=1e12,
+                                       lo_open=True)

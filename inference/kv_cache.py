@@ -93,8 +93,9 @@ class HostKVStore:
 class KVCache:
     """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
 
-    layer_rope: one `ops.RopeSpec` per layer, used to re-rope K when positions are shifted
-    (`seq_add`); without it, shifting raises.
+    layer_rope: one `ops.RopeSpec` per layer (None for a layer without RoPE, whose K is left as
+    it is), used to re-rope K when positions are shifted (`seq_add`); without it, shifting
+    raises.
     layer_backends: the backend of each layer, which allocates and keeps that layer's K and V
     rows (`backend.kv_store`); None: host memory.
     """
@@ -266,8 +267,10 @@ class KVCache:
             self.pos[moved] = new_pos[new_pos >= 0]
             shift = np.full(moved.size, delta, np.int64)
             for il in range(self.n_layer):
+                if self.layer_rope[il] is None:  # llama_hparams::has_rope: nothing to turn
+                    continue
                 k = np.ascontiguousarray(self.k[il].read_cells(moved))
-                self.layer_rope[il].apply(k, shift)
+                self.layer_rope[il].apply(k, shift, magnitude=False)
                 self.k[il].write(moved, k)
 
     def seq_pos_max(self, seq_id: int) -> int:

@@ -54,8 +54,9 @@ PARALLEL_MIN_BYTES = 96 << 10
 PARALLEL_MIN_FLOPS = 2_000_000
 PARALLEL_MIN_VALUES = 64 << 10  # dequantized rows (embedding lookups, prefill tiles)
 
-_SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-              "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# F32 is used in place; every other type has its kernels (catalog.ENGINE_TYPES must say the same:
+# a test checks it)
+_SUPPORTED = ("F32", *KERNELS)
 # type name -> (values per block, bytes per block)
 _GEOMETRY = {name: (GGML_TYPES[name].block_size, GGML_TYPES[name].type_size) for name in _SUPPORTED}
 _scratch = threading.local()

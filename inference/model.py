@@ -11,6 +11,19 @@ architecture registry.
 into micro-batches of `n_ubatch`), their K and V rows are written into free cells of the cache,
 and attention looks at every cell of the token's sequence up to its position (and within the
 sliding window on local layers). Only the rows that want logits leave the last layer.
+
+    vectors = model.embed([ids_a, ids_b], "mean")      # (2, n_embd): pooled, not normalized
+
+`embed` is llama.cpp's embedding decode (`--embeddings --pooling`): whole sequences, each from
+position 0, attend only to their own tokens — bidirectionally for an encoder (BERT), causally
+for a decoder — without the KV cache (as llama.cpp runs its encoders), so it never touches the
+sequences generations keep there. An encoder's cache holds no K/V rows at all.
+
+GPU offload (llama.cpp's -ngl, -mg, -ts, -sm, --no-kv-offload): `Model.load(...,
+n_gpu_layers=N)` places the layers as llama_model::load_tensors does (inference/cuda/offload.py)
+and runs each on its backend; activations cross a device boundary once per boundary per batch
+(`Backend.take`). Without a usable GPU, or when the device runs out of memory while loading,
+the model loads on the CPU and `offload_note` says why in one line.
 """
 from __future__ import annotations
 
@@ -20,14 +33,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from .archs.base import Architecture, WeightLoader
-from .backend import CPUBackend
+from .backend import CPUBackend, KQMask
 from .catalog import UnsupportedArchitectureError, get_arch
+from .embedding import POOLINGS, pool
 from .hparams import HParams, ModelMetadataError, read_hparams
 from .kv_cache import KVCache, KVCacheFullError, check_cache_type
 from .memory import check_kv_fits, kv_bytes_per_cell
 
-__all__ = ["Architecture", "Batch", "ForwardContext", "HParams", "KVCacheFullError", "Model",
-           "ModelMetadataError", "UnsupportedArchitectureError"]
+__all__ = ["Architecture", "Batch", "EmbeddingContext", "EmbeddingOnlyError", "ForwardContext",
+           "HParams", "KVCacheFullError", "Model", "ModelMetadataError",
+           "UnsupportedArchitectureError"]
+
+
+class EmbeddingOnlyError(ValueError):
+    """The model is an encoder (BERT and kin): it computes embeddings, never next-token logits,
+    so it cannot generate text."""
+
+    def __init__(self, arch: str):
+        super().__init__(f"this is an embedding model ({arch}, an encoder): it computes "
+                         f"embeddings, not text; use it for embeddings")
 
 
 # ----------------------------------------------------------------------------- batches
@@ -97,6 +121,8 @@ class ForwardContext:
     the KQ masks, which rows leave the last layer; `attend` runs a layer's attention through the
     cache."""
 
+    embeddings = False  # the forward pass returns logits (EmbeddingContext: hidden states)
+
     def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
                  cells: np.ndarray, seq_first: np.ndarray, out_rows: np.ndarray):
         self.model = model
@@ -109,33 +135,97 @@ class ForwardContext:
         self.n_tokens = tokens.size
         self.n_kv = self.kv.n_kv()
         self._masks = {}
-        self._seq_first = seq_first
+        self.seq_first = seq_first
+        for be in model.backends:  # the batch's inputs go to each device once
+            be.begin_batch(self)
 
     def backend(self, il: int):
         """The backend that runs layer `il` (-1: input embedding, n_layer: output head)."""
         return self.model.backend_for(il)
 
     def keep_rows(self, il: int) -> np.ndarray | None:
-        """On the last layer, the rows that go on to the output (llama.cpp's inp_out_ids);
-        None on the others."""
-        return self.out_rows if il == self.hp.n_layer - 1 else None
+        """On the last layer, the rows that go on to the output (llama.cpp's inp_out_ids) when
+        some are dropped; None on the others, and when every row goes on."""
+        if il != self.hp.n_layer - 1 or self.out_rows.size == self.n_tokens:
+            return None
+        return self.out_rows
+
+    def rope(self, il: int):
+        """How layer il rotates Q and K (an ops.RopeSpec; None: it does not)."""
+        return self.model.layer_rope[il]
 
     def mask(self, n_swa: int) -> np.ndarray:
         m = self._masks.get(n_swa)
         if m is None:
-            m = self._masks[n_swa] = self.kv.mask(self.positions, self._seq_first, self.n_kv,
+            m = self._masks[n_swa] = self.kv.mask(self.positions, self.seq_first, self.n_kv,
                                                   n_swa)
         return m
 
-    def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               scale: float) -> np.ndarray:
+    def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
-        attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v)."""
-        be = self.backend(il)
-        self.kv.write(il, self.cells, k, v)  # into the rows the layer's backend keeps
+        attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v); softcap > 0
+        soft-caps the scores (Backend.attention). Where the layer's cache is kept by another
+        backend than the layer's (--no-kv-offload), q, k and v go there and the result comes
+        back, as llama.cpp runs attention next to the cache."""
+        be, kv_be = self.backend(il), self.model.kv_backends[il]
+        if kv_be is not be:
+            q, k, v = kv_be.take(q), kv_be.take(k), kv_be.take(v)
+        self.kv.write(il, self.cells, k, v)  # into the rows the cache's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
-        n_swa = self.hp.n_swa if self.hp.is_swa(il) else 0
-        return be.attention(q, k_all, v_all, self.mask(n_swa), scale)
+        out = kv_be.attention(q, k_all, v_all, KQMask(self, self.hp.window(il)), scale, softcap)
+        return out if kv_be is be else be.take(out)
+
+
+class EmbeddingContext(ForwardContext):
+    """Whole sequences on their way to embeddings: their tokens attend only to each other, with
+    no KV cache (llama.cpp's build_attn_inp_no_cache, which its encoders use), bidirectionally
+    within a sequence unless the model is causal (a decoder's embeddings, `hp.causal`). The
+    forward pass returns every token's hidden state after the final norm."""
+
+    embeddings = True
+
+    def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
+                 seq_index: np.ndarray):
+        self.model = model
+        self.hp = model.hparams
+        self.kv = None
+        self.tokens = tokens
+        self.positions = positions
+        self.cells = None
+        self.n_tokens = self.n_kv = tokens.size
+        self.out_rows = np.arange(tokens.size)
+        self._masks = {}
+        self._seq_index = seq_index
+
+    def keep_rows(self, il: int) -> None:
+        return None  # every token's state is pooled
+
+    def mask(self, n_swa: int) -> np.ndarray:
+        m = self._masks.get(n_swa)
+        if m is None:
+            m = self._masks[n_swa] = _batch_kq_mask(self.positions, self._seq_index,
+                                                    self.hp.causal, n_swa)
+        return m
+
+    def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+               scale: float, softcap: float = 0.0) -> np.ndarray:
+        """q over this batch's own k and v (n, heads, head_dim): (n, n_head * head_dim_v)."""
+        return self.backend(il).attention(q, k, v, self.mask(self.hp.window(il)), scale,
+                                          softcap)
+
+
+def _batch_kq_mask(positions: np.ndarray, seq_index: np.ndarray, causal: bool,
+                   n_swa: int) -> np.ndarray:
+    """float32 (n, n): 0 where token t sees token j of the same batch — same sequence, and
+    (causal) not after it, and (sliding window) fewer than n_swa positions before — else -inf,
+    as llama.cpp's no-cache mask (llm_graph_input_attn_no_cache::set_input)."""
+    visible = seq_index[:, None] == seq_index[None, :]
+    distance = positions[:, None] - positions[None, :]
+    if causal:
+        visible &= distance >= 0
+    if n_swa > 0:
+        visible &= distance < n_swa
+    return np.where(visible, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -146,33 +236,52 @@ class Model:
 
     def __init__(self, gguf, arch: Architecture, hparams: HParams, backend, n_ctx: int,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", n_seq_max: int = 1,
-                 n_ubatch: int = 512, owns_file: bool = False):
+                 n_ubatch: int = 512, owns_file: bool = False, placement=None):
+        from .cuda.offload import cpu_only
         self.gguf = gguf
         self.arch = arch
         self.hparams = hparams
+        hp = hparams
+        # the backend of every part: the input embedding, each layer, each layer's KV rows, the
+        # output (a GPU's for the layers -ngl offloads; the CPU's everywhere without a placement)
+        self.placement = placement or cpu_only(backend, hp.n_layer)
         self.backend = backend
-        # one backend per layer: a GPU backend may take the first layers (-ngl)
-        self.layer_backends = [backend] * hparams.n_layer
+        self.layer_backends = list(self.placement.layers)
+        self.kv_backends = list(self.placement.kv)
+        self.backends = self.placement.backends
         self.n_ubatch = int(n_ubatch)
         self._owns_file = owns_file
         # weights first: every tensor is checked against the hyperparameters before the cache
         # (the one big allocation) is made
         self.weights = arch.load_weights(WeightLoader(gguf, self), hparams)
-        hp = hparams
         cache_type_k, cache_type_v = check_cache_type(cache_type_k), check_cache_type(cache_type_v)
-        check_kv_fits(n_ctx, kv_bytes_per_cell(hp.n_layer, hp.n_head_kv, hp.head_dim_k,
+        # an encoder attends without the cache (llama.cpp gives it no memory): its cache keeps
+        # the cells' bookkeeping for the engine's slots but no K/V rows
+        n_cached = 0 if hp.encoder else hp.n_layer
+        host_layers = sum(be.device is None for be in self.kv_backends[:n_cached])
+        check_kv_fits(n_ctx, kv_bytes_per_cell(host_layers, hp.n_head_kv, hp.head_dim_k,
                                                hp.head_dim_v, cache_type_k, cache_type_v),
-                      sum(t.nbytes for t in gguf.tensors.values()))
-        self.kv = KVCache(n_ctx, hp.n_layer, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
+                      sum(t.nbytes for t in gguf.tensors.values())
+                      - sum(getattr(be, "weight_bytes", 0) for be in self.backends))
+        # how each layer rotates Q and K: attention and the cache's position shift share it
+        self.layer_rope = [arch.layer_rope(hp, il, n_ctx) for il in range(hp.n_layer)]
+        self.kv = KVCache(n_ctx, n_cached, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
                           type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
-                          layer_rope=[hp.layer_rope(il) for il in range(hp.n_layer)],
-                          layer_backends=self.layer_backends)
+                          layer_rope=self.layer_rope[:n_cached],
+                          layer_backends=self.kv_backends[:n_cached])
+        self._graphs = self._decode_graphs()
 
     @classmethod
     def load(cls, gguf_file, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
-             n_seq_max: int = 1, backend=None, n_ubatch: int = 512) -> "Model":
+             n_seq_max: int = 1, backend=None, n_ubatch: int = 512, n_gpu_layers=0,
+             main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
+             split_mode: str = "layer") -> "Model":
         """A model from an open GGUFFile (or a path), with a KV cache of `n_ctx` cells (0: the
-        model's training context)."""
+        model's training context). n_gpu_layers, main_gpu, tensor_split, offload_kv and
+        split_mode are llama.cpp's -ngl (a count, -1 or "all", "auto"), -mg, -ts, -nkvo
+        (negated) and -sm; `offload_note` says why the GPU is not used when it is not."""
+        from .cuda.offload import place
+        from .cuda.runtime import DeviceOutOfMemory
         owns = False
         if isinstance(gguf_file, (str, os.PathLike)):
             from .gguf import GGUFFile
@@ -185,8 +294,20 @@ class Model:
                 raise ValueError(f"the context size must be 0 (the model's own, "
                                  f"{hp.n_ctx_train}) or positive, not {n_ctx}")
             n_ctx = int(n_ctx) or hp.n_ctx_train
-            return cls(gguf_file, spec.load(), hp, backend or CPUBackend(), n_ctx, cache_type_k,
-                       cache_type_v, n_seq_max, n_ubatch, owns)
+            cpu = backend or CPUBackend()
+            placement = place(gguf_file, hp, n_ctx, check_cache_type(cache_type_k),
+                              check_cache_type(cache_type_v), n_ubatch, cpu, n_gpu_layers,
+                              main_gpu, tensor_split, offload_kv, split_mode)
+            args = (gguf_file, spec.load(), hp, cpu, n_ctx, cache_type_k, cache_type_v,
+                    n_seq_max, n_ubatch, owns)
+            try:
+                return cls(*args, placement=placement)
+            except DeviceOutOfMemory as e:  # llama.cpp would stop; the CPU can run the model
+                note = f"{e} while loading the model; running on the CPU"
+            placement.close()  # (the half-loaded model's device arrays are gone by now)
+            model = cls(*args)
+            model.placement.note = note
+            return model
         except BaseException:
             if owns:
                 gguf_file.close()
@@ -202,12 +323,36 @@ class Model:
     def n_ctx(self) -> int:
         return self.kv.n_ctx
 
+    @property
+    def offload_note(self) -> str:
+        """Why the GPU is not used (one line), or ''."""
+        return self.placement.note
+
+    @property
+    def n_gpu_layers(self) -> int:
+        """Layers on a GPU, the output layer counted (llama.cpp's "offloaded N/M layers")."""
+        return self.placement.n_gpu_layers
+
+    @property
+    def vram_bytes(self) -> int:
+        """Device memory the model's weights and KV rows take, all GPUs together."""
+        return sum(be.vram_bytes for be in self.placement.gpu_backends)
+
     def backend_for(self, il: int):
         if 0 <= il < len(self.layer_backends):
             return self.layer_backends[il]
-        return self.backend
+        return self.placement.input if il < 0 else self.placement.output
+
+    def _decode_graphs(self):
+        """CUDA graphs for decode steps when one GPU runs the whole model (cuda/graphs.py)."""
+        if len(self.backends) != 1 or self.backends[0].device is None:
+            return None
+        from .cuda.graphs import DecodeGraphs, graphs_enabled
+        return DecodeGraphs(self.backends[0]) if graphs_enabled() else None
 
     def close(self) -> None:
+        self._graphs = None
+        self.placement.close()
         if self._owns_file:
             self.gguf.close()
 
@@ -224,9 +369,10 @@ class Model:
         if not isinstance(batch, Batch):
             batch = Batch(batch)
         hp = self.hparams
+        if hp.encoder:
+            raise EmbeddingOnlyError(hp.arch)
         n = len(batch)
-        if batch.tokens.min() < 0 or batch.tokens.max() >= hp.n_vocab:
-            raise ValueError(f"token id out of range [0, {hp.n_vocab})")
+        self._check_tokens(batch.tokens)
         for ids in batch.seq_ids:
             for s in ids:
                 if not 0 <= s < self.kv.n_seq_max:
@@ -246,7 +392,7 @@ class Model:
                 out_rows = np.flatnonzero(batch.logits[u0:u1])
                 ctx = ForwardContext(self, batch.tokens[u0:u1], positions[u0:u1], cells,
                                      seq_first[u0:u1], out_rows)
-                parts.append(self.arch.forward(ctx, self.weights))
+                parts.append(self._forward(ctx))
         except BaseException:  # leave the cache as it was (an interrupted prompt, say)
             for cells in claimed:
                 self.kv.free_cells(cells)
@@ -254,6 +400,49 @@ class Model:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts, axis=0)
+
+    def _forward(self, ctx: ForwardContext) -> np.ndarray:
+        def forward():
+            return self.arch.forward(ctx, self.weights)
+        return forward() if self._graphs is None else self._graphs.run(ctx, forward)
+
+    def _check_tokens(self, tokens: np.ndarray) -> None:
+        if tokens.min() < 0 or tokens.max() >= self.hparams.n_vocab:
+            raise ValueError(f"token id out of range [0, {self.hparams.n_vocab})")
+
+    # ---------------------------------------------------------------- embeddings
+
+    @property
+    def max_embed_tokens(self) -> int:
+        """The longest sequence `embed` takes: the context, and no more positions than the
+        model has position embeddings for (BERT's table)."""
+        limit = self.arch.max_positions(self.hparams)
+        return self.n_ctx if limit is None else min(self.n_ctx, limit)
+
+    def embed(self, sequences: Sequence[Sequence[int]], pooling: str) -> np.ndarray:
+        """Pooled embeddings, float32 (len(sequences), n_embd), not normalized: each sequence
+        evaluated on its own from position 0 (several share a micro-batch of up to n_ubatch
+        tokens, each seeing only its own tokens) and its hidden states after the final norm
+        pooled by `pooling` ("mean", "cls": the first token's, "last"), as llama.cpp's
+        build_pooling. The KV cache is not touched. ValueError for an empty or too long
+        sequence, a token outside the vocabulary, or an unknown pooling."""
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences]
+        for i, ids in enumerate(seqs):
+            if not 0 < ids.size <= self.max_embed_tokens:
+                raise ValueError(f"input {i} has {ids.size} tokens: expected 1 to "
+                                 f"{self.max_embed_tokens}")
+            self._check_tokens(ids)
+        out = np.empty((len(seqs), self.hparams.n_embd), np.float32)
+        for group in _micro_batches([s.size for s in seqs], self.n_ubatch):
+            lengths = [seqs[i].size for i in group]
+            ctx = EmbeddingContext(
+                self, np.concatenate([seqs[i] for i in group]),
+                np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]),
+                np.repeat(np.arange(len(group)), lengths))
+            out[group] = pool(self.arch.forward(ctx, self.weights), lengths, pooling)
+        return out
 
     def _continue_positions(self, batch: Batch) -> np.ndarray:
         nxt: dict[int, int] = {}
@@ -272,3 +461,16 @@ class Model:
         self.kv.seq_rm(seq_id, -1, -1)
         return self.decode(Batch(token_ids, pos=0, seq_ids=seq_id, logits=True))
 
+
+def _micro_batches(lengths: Sequence[int], n_ubatch: int) -> list[list[int]]:
+    """Consecutive indices of sequences grouped so that each group has at most n_ubatch tokens
+    (a longer sequence alone in its group: a sequence is never split)."""
+    groups: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(lengths):
+        if not groups or total + n > n_ubatch:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += n
+    return groups

@@ -3,22 +3,33 @@
 - `rms_norm`: `y = x / sqrt(mean(x²) + eps) * w`, the sum of squares in float64 like ggml's
   `ggml_float`, the rest in float32 (ggml_compute_forward_rms_norm_f32 then ggml_mul).
 - `rope_tables` / `rope_inplace`: ggml's rope cache (`theta = pos`, multiplied by
-  `theta_scale = base^(-2/n_dims)` step by step across pairs, `cos(freq_scale * theta / ff)`),
-  rotating consecutive pairs (NORM) or `(i, i + n_dims/2)` (NEOX); dims past `n_dims` are left as
-  they are.
+  `theta_scale = base^(-2/n_dims)` step by step across pairs, `cos(freq_scale * theta / ff)`,
+  with rope_yarn's ramp back to the unscaled angle and its magnitude when the `RopeSpec` has
+  YaRN), rotating consecutive pairs (NORM) or `(i, i + n_dims/2)` (NEOX); dims past `n_dims` are
+  left as they are.
 - `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` (ggml's vector
-  expf, `exp_f32`), sums in float64.
+  expf, `exp_f32`), sums in float64; with a soft-cap, `x` is first `tanh(x / cap) * cap`
+  (llama.cpp's attn_soft_cap graph: ggml_scale, ggml_tanh, ggml_scale).
 - `attention`: softmax(q·kᵀ·scale + mask)·v with grouped-query heads (query head `h` reads KV
-  head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting). A few query tokens
+  head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting), q·k soft-capped first
+  when asked (Gemma 2). A few query tokens
   (decoding) go through one fused numba kernel that reads an f16 cache's bits directly and skips
   masked cells; more (a prompt) through the matmul module's GEMM, a chunk of query rows at a time
   over only the cells the chunk can see.
 - `build_kq_mask`: llama.cpp's KQ mask (0 or -inf) from the cells' positions and sequences:
   a key is visible when its cell belongs to the token's first sequence, its position is not after
   the token's, and (sliding window) `pos_q - pos_k < n_swa`.
+- `layer_norm`: ggml_compute_forward_norm_f32 (the mean and the variance summed in float64 like
+  `ggml_float`, the rest in float32) then ggml_mul and ggml_add: `(x - mean) / sqrt(var + eps)
+  * w + b` (BERT's norms).
 - `swiglu`: `silu(g) * u`; `geglu`: `gelu_tanh(g) * u` looked up in ggml's fp16 GELU table
-  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32.
+  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32;
+  `gelu`: the same table on its own (ggml_vec_gelu_f32, BERT's FFN).
 - f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
+
+Kernels that divide use numba's "numpy" error model: a division by zero gives inf or NaN as in
+ggml's C, instead of raising ZeroDivisionError inside a kernel, so that broken weights (NaN, inf)
+flow through to the logits, where the scheduler stops with NonFiniteLogitsError.
 
 Element-wise kernels run on numba's threads for a prompt's worth of rows and on the calling
 thread alone for a token's (waking threads costs more than a few thousand values take).
@@ -42,7 +53,7 @@ from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vl
 # ----------------------------------------------------------------------------- RMS norm
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _rms_norm_rows(x, w, eps, out, serial):
     threads = threads_get()
     if serial:
@@ -73,37 +84,84 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return out.reshape(shape)
 
 
+# ----------------------------------------------------------------------------- LayerNorm
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _layer_norm_rows(x, w, b, eps, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n_rows, d = x.shape
+    for r in numba.prange(n_rows):
+        s = 0.0
+        for i in range(d):
+            s += np.float64(x[r, i])
+        mean = np.float32(s / d)
+        var = 0.0
+        for i in range(d):
+            c = x[r, i] - mean
+            out[r, i] = c
+            var += np.float64(c * c)
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(var / d) + eps))
+        for i in range(d):
+            out[r, i] = (out[r, i] * scale) * w[i] + b[i]
+    if serial:
+        threads_set(threads)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis of `x`, times `w`, plus `b` (None: no bias); new array."""
+    shape = x.shape
+    d = shape[-1]
+    if w.shape != (d,) or (b is not None and b.shape != (d,)):
+        raise ValueError(f"layer_norm: weight {w.shape}, bias {None if b is None else b.shape} "
+                         f"for rows of {d}")
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
+    bias = np.zeros(d, np.float32) if b is None else np.ascontiguousarray(b, dtype=np.float32)
+    out = np.empty_like(x2)
+    _layer_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), bias, np.float32(eps), out,
+                     x2.size < PARALLEL_MIN_VALUES)
+    return out.reshape(shape)
+
+
 # ----------------------------------------------------------------------------- RoPE
 
 
-@numba.njit(cache=True, nogil=True)
-def _rope_tables(pos, half, theta_scale, freq_scale, freq_factors, cos_out, sin_out):
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _rope_tables(pos, half, theta_scale, freq_scale, freq_factors, corr_lo, corr_hi, ext_factor,
+                 mscale, cos_out, sin_out):
+    one = np.float32(1.0)
+    zero = np.float32(0.0)
+    ramp_width = max(np.float32(0.001), corr_hi - corr_lo)
     for t in range(pos.size):
         theta = np.float32(pos[t])
         for i in range(half):
-            th = freq_scale * (theta / freq_factors[i])
-            cos_out[t, i] = math.cos(th)
-            sin_out[t, i] = math.sin(th)
+            extrap = theta / freq_factors[i]
+            th = freq_scale * extrap
+            if ext_factor != zero:  # YaRN: pairs below corr_lo extrapolate, above corr_hi scale
+                y = (np.float32(i) - corr_lo) / ramp_width
+                mix = (one - min(one, max(zero, y))) * ext_factor
+                th = th * (one - mix) + extrap * mix
+            cos_out[t, i] = math.cos(th) * mscale
+            sin_out[t, i] = math.sin(th) * mscale
             theta = theta * theta_scale
 
 
-def rope_tables(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float = 1.0,
-                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin, float32 (n_tokens, n_dims/2), for the rotation angles at `pos`."""
-    if n_dims <= 0 or n_dims % 2:
-        raise ValueError(f"rope: n_dims must be a positive even number, got {n_dims}")
-    half = n_dims // 2
+def rope_tables(pos: np.ndarray, spec: "RopeSpec",
+                magnitude: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, float32 (n_tokens, n_dims/2), for the rotation angles of `spec` at `pos`
+    (ggml_rope_cache_init with rope_yarn), multiplied by the spec's magnitude unless
+    `magnitude` is False (a pure rotation)."""
+    half = spec.n_dims // 2
     pos = np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
-    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_dims)
-    if freq_factors is None:
-        ff = np.ones(half, np.float32)
-    else:
-        ff = np.ascontiguousarray(freq_factors, dtype=np.float32)
-        if ff.shape != (half,):
-            raise ValueError(f"rope: {ff.shape[0]} frequency factors for {half} pairs")
+    ff = np.ones(half, np.float32) if spec.freq_factors is None else spec.freq_factors
+    corr_lo, corr_hi = spec.yarn_corr_dims()
     cos = np.empty((pos.size, half), np.float32)
     sin = np.empty((pos.size, half), np.float32)
-    _rope_tables(pos, half, np.float32(theta_scale), np.float32(freq_scale), ff, cos, sin)
+    _rope_tables(pos, half, spec.theta_scale(), np.float32(spec.freq_scale), ff, corr_lo, corr_hi,
+                 np.float32(spec.ext_factor), spec.mscale() if magnitude else np.float32(1.0),
+                 cos, sin)
     return cos, sin
 
 
@@ -192,8 +250,18 @@ def exp_values(x: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
-def _softmax_masked(s, mask, scale):
+@numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _softcapped(x, softcap):
+    """llama.cpp's attention logit soft-capping, tanh(x / cap) * cap as its graph computes it
+    (ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap); x itself when softcap is 0."""
+    if softcap > np.float32(0.0):
+        return math.tanh(x * (np.float32(1.0) / softcap)) * softcap
+    return x
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
+            error_model="numpy")
+def _softmax_masked(s, mask, scale, softcap):
     # s: (B, n, n_kv) scores, mask: (n, n_kv); rows in parallel (a prompt's chunk has hundreds)
     b_count, n, n_kv = s.shape
     for r in numba.prange(b_count * n):
@@ -201,7 +269,7 @@ def _softmax_masked(s, mask, scale):
         t = r % n
         mx = np.float32(-np.inf)
         for j in range(n_kv):
-            v = s[b, t, j] * scale + mask[t, j]
+            v = _softcapped(s[b, t, j], softcap) * scale + mask[t, j]
             s[b, t, j] = v
             mx = max(mx, v)
         for j in range(n_kv):
@@ -214,10 +282,12 @@ def _softmax_masked(s, mask, scale):
             s[b, t, j] *= inv
 
 
-def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
-    """Row softmax of `s * scale + mask` over the last axis, in place. s: (B, n, n_kv) float32
-    C-contiguous, mask: (n, n_kv) float32 (0 or -inf)."""
-    _softmax_masked(s, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float,
+                           softcap: float = 0.0) -> np.ndarray:
+    """Row softmax of `s * scale + mask` over the last axis, in place (s soft-capped first when
+    softcap > 0). s: (B, n, n_kv) float32 C-contiguous, mask: (n, n_kv) float32 (0 or -inf)."""
+    _softmax_masked(s, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale),
+                    np.float32(softcap))
     return s
 
 
@@ -231,9 +301,10 @@ _ATTN_SCORE_BUDGET = 8 << 20
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-              scale: float) -> np.ndarray:
+              scale: float, softcap: float = 0.0) -> np.ndarray:
     """q (n, n_head, d_k) float32; k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v) as float32
-    or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv).
+    or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv); softcap > 0:
+    the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2).
     Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
@@ -245,20 +316,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     k2 = np.ascontiguousarray(k).reshape(n_kv, n_head_kv * d_k)
     v2 = np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v)
     q = np.ascontiguousarray(q, dtype=np.float32)
+    cap = np.float32(softcap)
     if n <= ATTN_FUSED_MAX_TOKENS:
         out = np.empty((n, n_head, d_v), np.float32)
         # the vector kernel needs whole 16-value head slices, and for an f16 cache the CPU's
         # fp16 loads (F16C on x86; without it LLVM would call a helper numba does not link)
         if d_k % 16 or d_v % 16 or (k2.dtype == np.uint16 and not HAS_HW_FP16):
-            _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), out)
+            _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), cap, out)
         else:
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask,
-                              np.float32(scale), ATTN_DECODE_CELLS, out,
+                              np.float32(scale), cap, ATTN_DECODE_CELLS, out,
                               n * n_kv * n_head * (d_k + d_v) < 1 << 16)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
-        return _attention_numpy(q, k2, v2, mask, scale, d_k, d_v)
-    return _attention_gemm(q, k2, v2, mask, scale, d_k, d_v)
+        return _attention_numpy(q, k2, v2, mask, scale, cap, d_k, d_v)
+    return _attention_gemm(q, k2, v2, mask, scale, cap, d_k, d_v)
 
 
 def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
@@ -276,7 +348,7 @@ def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
         yield t0, t1, lo // align * align, min(n_pad, -(-hi // align) * align)
 
 
-def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
+def _attention_gemm(q, k2, v2, mask, scale, softcap, d_k, d_v):
     """A prompt's attention through the numba GEMM (both matrix products use every thread).
     K and V are converted once to float32 per KV head, K transposed (d_k, cell) and V as rows
     (cell, d_v), so that both products are `x @ w` with the broadcast kernel; cells are
@@ -301,14 +373,14 @@ def _attention_gemm(q, k2, v2, mask, scale, d_k, d_v):
                 grp * m, d_k)
             s = np.empty((grp * m, hi - lo), np.float32)
             gemm_nn_f32(qh, kt[g], lo, s, 2 * s.size * d_k < PARALLEL_MIN_FLOPS)
-            softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale)
+            softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale, softcap)
             o = np.empty((grp * m, d_v), np.float32)
             gemm_nn_f32(s, vf[g, lo:hi], 0, o, 2 * o.size * (hi - lo) < PARALLEL_MIN_FLOPS)
             out[t0:t1, g * grp:(g + 1) * grp] = o.reshape(grp, m, d_v).transpose(1, 0, 2)
     return out.reshape(n, n_head * d_v)
 
 
-def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
+def _attention_numpy(q, k2, v2, mask, scale, softcap, d_k, d_v):
     """The batch path for head sizes that are not whole 16-lane vectors: numpy matmuls."""
     n, n_head, _ = q.shape
     n_kv = mask.shape[1]
@@ -324,7 +396,8 @@ def _attention_numpy(q, k2, v2, mask, scale, d_k, d_v):
         qh = q[t0:t1].reshape(m, n_head_kv, grp, d_k).transpose(1, 2, 0, 3).reshape(
             n_head_kv, grp * m, d_k)
         s = np.matmul(qh, kt[:, :, lo:hi])  # (n_head_kv, grp * m, hi - lo)
-        softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale)
+        softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale,
+                               softcap)
         o = np.matmul(s, vh[:, lo:hi])  # (n_head_kv, grp * m, d_v)
         out[t0:t1] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)
     return out.reshape(n, n_head * d_v)
@@ -398,8 +471,9 @@ def _scores16(q, qo, k, ko, j, d_k, s, so):
                             a15))
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
-def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
+            error_model="numpy")
+def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, cells, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Work item = (token, KV head, piece of `cells` cells): scores, their max m,
     # sum l and the p-weighted V rows o, merged afterwards as exp(m - M)-weighted sums.
@@ -446,7 +520,7 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, cells, out, serial):
                         s[r, j - j0] = vsum(acc)
             mx = np.float32(-np.inf)
             for j in range(j0, j1):
-                x = s[r, j - j0] * scale + mask[t, j]
+                x = _softcapped(s[r, j - j0], softcap) * scale + mask[t, j]
                 s[r, j - j0] = x
                 mx = max(mx, x)
             total = np.float32(0.0)
@@ -506,8 +580,8 @@ def _load_impl(a, i, j, lut):
     return lambda a, i, j, lut: a[i, j]
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _attention_rows(q, k, v, lut, mask, scale, out):
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def _attention_rows(q, k, v, lut, mask, scale, softcap, out):
     # q (n, H, D) f32; k (n_kv, Hkv*D), v (n_kv, Hkv*Dv) f32 or fp16 bits; out (n, H, Dv)
     n, n_head, d_k = q.shape
     n_kv = mask.shape[1]
@@ -530,7 +604,7 @@ def _attention_rows(q, k, v, lut, mask, scale, out):
                     acc = np.float32(0.0)
                     for c in range(d_k):
                         acc += q[t, h0 + r, c] * row[c]
-                    s[r, j] = acc * scale + mask[t, j]
+                    s[r, j] = _softcapped(acc, softcap) * scale + mask[t, j]
             for r in range(grp):
                 mx = np.float32(-np.inf)
                 for j in range(n_kv):
@@ -652,6 +726,35 @@ def _geglu_table(g, u, table, out, serial):
         threads_set(threads)
 
 
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _gelu_table(x, table, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n, d = x.shape
+    for r in numba.prange(n):
+        for i in range(d):
+            v = x[r, i]
+            y = table[_fp16_index(v)]
+            if v <= -10.0:
+                y = np.float32(0.0)
+            elif v >= 10.0:
+                y = v
+            out[r, i] = y
+    if serial:
+        threads_set(threads)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """gelu_tanh(x) as ggml's CPU computes it (ggml_vec_gelu_f32 with GGML_GELU_FP16: the fp16
+    table), float32, same shape (BERT's FFN)."""
+    x2 = np.ascontiguousarray(x, dtype=np.float32)
+    flat = x2.reshape(-1, x2.shape[-1]) if x2.ndim else x2.reshape(1, 1)
+    out = np.empty_like(flat)
+    _gelu_table(flat, _GELU_TABLE, out, flat.size < PARALLEL_MIN_VALUES)
+    return out.reshape(x2.shape)
+
+
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up as ggml's CPU computes it (fp16 GELU table), float32 (2-D)."""
     return _gated("geglu", _geglu_table, gate, up, _GELU_TABLE)
@@ -743,31 +846,89 @@ def dequantize_q8_0_rows(raw: np.ndarray, d: int) -> np.ndarray:
 
 
 class RopeSpec:
-    """How one layer rotates Q and K: `n_dims` rotated dims per head, `freq_base`, `freq_scale`
-    (1/linear scaling factor), `neox` (pairs `(i, i + n_dims/2)` instead of `(2i, 2i+1)`) and
-    optional per-pair `freq_factors` (Llama 3.1's rope_freqs)."""
+    """How one layer rotates Q and K: the parameters of ggml_rope_ext.
 
-    __slots__ = ("n_dims", "freq_base", "freq_scale", "neox", "freq_factors")
+    n_dims:       rotated dims per head (the rest are left as they are)
+    freq_base:    theta base; pair i turns at base^(-2i/n_dims) per position
+    freq_scale:   1/scaling factor (linear scaling; YaRN's interpolation)
+    neox:         pairs `(i, i + n_dims/2)` instead of `(2i, 2i+1)`
+    freq_factors: per-pair divisors of the angle (Llama 3.1's rope_freqs, LongRoPE's factors)
+    n_ctx_orig, ext_factor, beta_fast, beta_slow: YaRN (ggml's rope_yarn): ext_factor mixes the
+                  scaled angle back to the unscaled one on the pairs that turn more than
+                  beta_fast times (fully) to beta_slow times (not at all) over n_ctx_orig positions
+    attn_factor:  the magnitude cos and sin are multiplied by (llama_context's yarn_attn_factor,
+                  times 1 + 0.1·ln(1/freq_scale) when ext_factor is set, as rope_yarn does)
+    """
+
+    __slots__ = ("n_dims", "freq_base", "freq_scale", "neox", "freq_factors", "n_ctx_orig",
+                 "ext_factor", "attn_factor", "beta_fast", "beta_slow")
 
     def __init__(self, n_dims: int, freq_base: float, freq_scale: float = 1.0, neox: bool = False,
-                 freq_factors: np.ndarray | None = None):
+                 freq_factors: np.ndarray | None = None, *, n_ctx_orig: int = 0,
+                 ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
+                 beta_slow: float = 1.0):
+        if n_dims <= 0 or n_dims % 2:
+            raise ValueError(f"rope: n_dims must be a positive even number, got {n_dims}")
         self.n_dims = int(n_dims)
         self.freq_base = float(freq_base)
         self.freq_scale = float(freq_scale)
         self.neox = bool(neox)
         self.freq_factors = None if freq_factors is None else np.ascontiguousarray(
             freq_factors, dtype=np.float32)
+        if self.freq_factors is not None and self.freq_factors.shape != (self.n_dims // 2,):
+            raise ValueError(f"rope: {self.freq_factors.shape} frequency factors for "
+                             f"{self.n_dims // 2} pairs")
+        self.n_ctx_orig = int(n_ctx_orig)
+        self.ext_factor = float(ext_factor)
+        self.attn_factor = float(attn_factor)
+        self.beta_fast = float(beta_fast)
+        self.beta_slow = float(beta_slow)
+        if self.ext_factor and self.n_ctx_orig <= 0:
+            raise ValueError("rope: YaRN (ext_factor set) needs the original context length")
+
+    def theta_scale(self) -> np.float32:
+        """base^(-2/n_dims) in float32 (ggml's theta_scale)."""
+        return np.float32(np.float32(self.freq_base) ** np.float32(-2.0 / self.n_dims))
+
+    def yarn_corr_dims(self) -> tuple[np.float32, np.float32]:
+        """ggml_rope_yarn_corr_dims: the pair range over which YaRN ramps from extrapolation to
+        interpolation, (0, 0) without YaRN."""
+        if not self.ext_factor:
+            return np.float32(0.0), np.float32(0.0)
+        f32 = np.float32
+        two_log_base = f32(2.0) * np.log(f32(self.freq_base))
+
+        def corr_dim(turns):  # the dim whose pair turns `turns` times over n_ctx_orig positions
+            ratio = f32(self.n_ctx_orig) / (f32(turns) * f32(2.0) * f32(math.pi))
+            return f32(self.n_dims) * np.log(ratio) / two_log_base
+
+        lo = max(f32(0.0), np.floor(corr_dim(self.beta_fast)))
+        hi = min(f32(self.n_dims - 1), np.ceil(corr_dim(self.beta_slow)))
+        return f32(lo), f32(hi)
+
+    def mscale(self) -> np.float32:
+        """What cos and sin are multiplied by (rope_yarn's mscale)."""
+        m = np.float32(self.attn_factor)
+        if self.ext_factor:
+            m = m * (np.float32(1.0) + np.float32(0.1) *
+                     np.log(np.float32(1.0) / np.float32(self.freq_scale)))
+        return np.float32(m)
 
     def key(self) -> tuple:
         ff = None if self.freq_factors is None else self.freq_factors.tobytes()
-        return (self.n_dims, self.freq_base, self.freq_scale, self.neox, ff)
+        return (self.n_dims, self.freq_base, self.freq_scale, self.neox, ff, self.n_ctx_orig,
+                self.ext_factor, self.attn_factor, self.beta_fast, self.beta_slow)
 
-    def tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return rope_tables(pos, self.n_dims, self.freq_base, self.freq_scale, self.freq_factors)
+    def tables(self, pos: np.ndarray, magnitude: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        return rope_tables(pos, self, magnitude)
 
-    def apply(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Rotates x (n_tokens, n_head, head_dim) in place for positions `pos`; returns it."""
-        cos, sin = self.tables(pos)
+    def apply(self, x: np.ndarray, pos: np.ndarray, magnitude: bool = True) -> np.ndarray:
+        """Rotates x (n_tokens, n_head, head_dim) in place for positions `pos`; returns it.
+        magnitude=False rotates only: moving an already rotated K by a position shift must not
+        multiply it by the magnitude again (llama.cpp's K-shift does, with YaRN or
+        rope.scaling.attn_factor; a K so shifted would no longer be the K of its new
+        position)."""
+        cos, sin = self.tables(pos, magnitude)
         return rope_inplace(x, cos, sin, self.n_dims, self.neox)
 
     def __eq__(self, other):
@@ -779,5 +940,8 @@ class RopeSpec:
     def __repr__(self):
         kind = "neox" if self.neox else "norm"
         ff = "" if self.freq_factors is None else ", freq_factors"
+        yarn = "" if not self.ext_factor else \
+            f", yarn(orig={self.n_ctx_orig}, ext={self.ext_factor:g})"
+        magnitude = "" if self.attn_factor == 1.0 else f", attn_factor={self.attn_factor:g}"
         return (f"RopeSpec({self.n_dims}, base={self.freq_base:g}, scale={self.freq_scale:g}, "
-                f"{kind}{ff})")
+                f"{kind}{ff}{yarn}{magnitude})")

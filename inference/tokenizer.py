@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from .hparams import MAX_VOCAB, Meta, ModelMetadataError, is_integer
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_decode
 from .tokenizer_special import SpecialPartitioner
 from .tokenizer_spm import SPMModel
@@ -50,6 +51,19 @@ _TYPE_TO_ATTR = np.array([ATTR_UNDEFINED, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_CONTRO
 _SPECIAL_ATTRS = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
 
 _KEY = "tokenizer.ggml."
+_VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "gemma4": "bpe", "bert": "wpm", "t5": "ugm"}
+_SPECIAL_NAMES = ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf",
+                  "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+# (special token, key under tokenizer.ggml.): later keys override earlier ones, as in llama.cpp
+_SPECIAL_KEYS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
+                 ("eom", "eom_token_id"), ("unk", "unknown_token_id"),
+                 ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
+                 ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"),
+                 ("fim_suf", "fim_suf_token_id"), ("fim_mid", "fim_mid_token_id"),
+                 ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
+                 ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"),
+                 ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id"))
+_SPECIAL_KEY_OF = {name: key for name, key in reversed(_SPECIAL_KEYS)}
 
 # Texts llama.cpp recognises (src/llama-vocab.cpp, llama_vocab::impl::load).
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
@@ -90,127 +104,146 @@ def _raw_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _load_vocab(md: Mapping) -> Vocab:
+def _load_vocab(meta: Meta) -> Vocab:
     """tokenizer.ggml.tokens as a Vocab: packed straight from the file when the metadata can
-    (no str per token), else from the list; empty texts become "[EMPTY_<id>]" as in llama.cpp."""
-    packed = getattr(md, "packed_strings", lambda key: None)(_KEY + "tokens")
-    if packed is not None and (np.diff(packed[1]) > 0).all():
-        return Vocab(*packed)
-    tokens = md.get(_KEY + "tokens")
-    if tokens is None:
-        raise ValueError("cannot find tokenizer vocab (tokenizer.ggml.tokens)")
-    tokens = [t.decode("utf-8", "surrogateescape") if isinstance(t, bytes) else str(t)
-              for t in tokens]
-    return Vocab.from_texts(t or f"[EMPTY_{i}]" for i, t in enumerate(tokens))
+    (no str per token), else from the list; empty texts become "[EMPTY_<id>]" as in llama.cpp.
+    A text given twice is an error (llama.cpp would silently map it to its last id)."""
+    key = _KEY + "tokens"
+    packed = meta.md.packed_strings(key) if key in meta.md and \
+        hasattr(meta.md, "packed_strings") else None
+    try:
+        if packed is not None and 1 <= len(packed[1]) - 1 <= MAX_VOCAB and \
+                (np.diff(packed[1]) > 0).all():
+            return Vocab(*packed)
+        tokens = meta.strings(key, lo=1)
+        return Vocab.from_texts(t or f"[EMPTY_{i}]" for i, t in enumerate(tokens))
+    except ModelMetadataError:
+        raise
+    except ValueError as e:  # a duplicate text
+        raise ModelMetadataError(f"GGUF metadata {key}: {e}") from None
+
+
+def _vocab_type(meta: Meta) -> str:
+    """The kind of vocabulary tokenizer.ggml.model names: "spm", "bpe", "wpm" or "ugm"."""
+    key = _KEY + "model"
+    model = meta.str(key)
+    if model not in _VOCAB_TYPES:
+        raise ModelMetadataError(
+            f"unsupported tokenizer model: {model!r} ({key}; llamatui handles 'gpt2' and "
+            "'gemma4' BPE, 'llama' SentencePiece, 'bert' WordPiece and 't5' Unigram "
+            "vocabularies)")
+    return _VOCAB_TYPES[model]
+
+
+def _token_attrs(meta: Meta, n: int) -> np.ndarray:
+    """The llama_token_attr of each token from tokenizer.ggml.token_type (NORMAL without it;
+    a type llama.cpp does not know is UNDEFINED, as there)."""
+    types = meta.numbers(_KEY + "token_type", None, kind="int", min_len=n)
+    if types is None:
+        return np.full(n, ATTR_NORMAL, dtype=np.int64)
+    types = types[:n]
+    bad = (types < 0) | (types >= len(_TYPE_TO_ATTR))
+    attrs = _TYPE_TO_ATTR[np.where(bad, 0, types)]
+    attrs[bad] = ATTR_UNDEFINED
+    return attrs
+
+
+def _special_ids(meta: Meta, defaults: dict, n: int) -> dict:
+    """Special token ids: llama.cpp's defaults for the vocabulary type, then the metadata's; an
+    id outside the vocabulary is ignored (llama.cpp warns "bad special token" and keeps the
+    default), a value that is not an integer is an error."""
+    ids = {name: defaults.get(name) for name in _SPECIAL_NAMES}
+    for name in ids:
+        if ids[name] is not None and ids[name] >= n:
+            ids[name] = None
+    for name, key in _SPECIAL_KEYS:
+        value = meta.md.get(_KEY + key)
+        if value is None:
+            continue
+        if not is_integer(value):
+            raise meta.fail(_KEY + key, value, "a token id (an integer)")
+        if 0 <= value < n:
+            ids[name] = int(value)
+    return ids
+
+
+def _charsmap(meta: Meta) -> bytes | None:
+    """tokenizer.ggml.precompiled_charsmap: an array of bytes (int8 or uint8 in the file)."""
+    values = meta.numbers(_KEY + "precompiled_charsmap", None, kind="int", lo=-128, hi=255)
+    return None if values is None else (values & 0xFF).astype(np.uint8).tobytes()
 
 
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's tokenize / detokenize behaviour."""
 
     def __init__(self, metadata: Mapping):
-        md = metadata
-        model = md.get(_KEY + "model")
-        if model is None:
-            raise ValueError("metadata has no tokenizer.ggml.model")
-        self.model: str = str(model)
-        self.pre: str = str(md.get(_KEY + "pre", "") or "")
+        """Every tokenizer.ggml.* value is checked for type and range as it is read: a broken
+        one raises ModelMetadataError naming the key, the value and what was expected."""
+        meta = Meta(metadata, "")
+        self.vocab_type: str = _vocab_type(meta)
+        self.model: str = meta.str(_KEY + "model")
+        self.pre: str = meta.str(_KEY + "pre", "")
 
         defaults: dict[str, int] = {}  # llama.cpp's special ids per vocabulary type
         clean_spaces = False
         add_bos = add_eos = add_space_prefix = False
         pre_cfg = None
-        if self.model == "llama":
-            self.vocab_type = "spm"
+        if self.vocab_type == "spm":
             defaults = {"bos": 1, "eos": 2, "unk": 0}
             add_space_prefix, add_bos = True, True
-        elif self.model in ("gpt2", "gemma4"):
-            self.vocab_type = "bpe"
+        elif self.vocab_type == "bpe":
             if self.model == "gemma4":
                 self.pre = "gemma4"  # llama.cpp ignores the key for this model
             else:
                 defaults = {"bos": 11, "eos": 11}
             pre_cfg = PRE_TOKENIZERS.get(self.pre)
             if pre_cfg is None:
-                raise ValueError(f"unknown pre-tokenizer type: {self.pre!r} (known: "
-                                 f"{', '.join(sorted(k for k in PRE_TOKENIZERS if k))})")
+                raise ModelMetadataError(
+                    f"unknown pre-tokenizer type: {self.pre!r} ({_KEY}pre; known: "
+                    f"{', '.join(sorted(k for k in PRE_TOKENIZERS if k))})")
             clean_spaces = pre_cfg.clean_spaces
             add_bos = pre_cfg.add_bos
             if pre_cfg.no_bos:
                 defaults.pop("bos", None)
-        elif self.model == "bert":
-            self.vocab_type = "wpm"
+        elif self.vocab_type == "wpm":
             defaults = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
             clean_spaces, add_bos = True, True
-        elif self.model == "t5":
-            self.vocab_type = "ugm"
+        else:
             defaults = {"eos": 1, "unk": 2, "pad": 0}
             add_eos = True
-        else:
-            raise ValueError(f"unsupported tokenizer model: {self.model!r} (llamatui handles "
-                             "'gpt2' and 'gemma4' BPE, 'llama' SentencePiece, 'bert' WordPiece "
-                             "and 't5' Unigram vocabularies)")
-        self.add_space_prefix: bool = bool(md.get(_KEY + "add_space_prefix", add_space_prefix))
+        self.add_space_prefix: bool = meta.bool(_KEY + "add_space_prefix", add_space_prefix)
         self.clean_spaces: bool = clean_spaces
         # SentencePiece-style BPE (Gemma 4) escapes spaces as U+2581 like SPM does
         self.escape_whitespaces: bool = pre_cfg is not None and pre_cfg.escape_whitespaces
 
         # --- the vocabulary
-        self._vocab = vocab = _load_vocab(md)
+        self._vocab = vocab = _load_vocab(meta)
         n = len(vocab)
         self.n_vocab: int = n
 
-        scores = md.get(_KEY + "scores")
-        if scores is not None and len(scores) < n:
-            raise ValueError(f"fewer scores ({len(scores)}) than tokens ({n})")
+        # llama.cpp reads the first n scores (NaN would make the merging order meaningless)
+        scores = meta.numbers(_KEY + "scores", None, min_len=n)
         # array('f'): a Python float per token would take 8 MiB for Gemma 3
-        self._scores = array("f", np.asarray(scores, dtype=np.float32)[:n].tobytes()
-                             if scores is not None else bytes(4 * n))
+        self._scores = array("f", scores[:n].tobytes() if scores is not None else bytes(4 * n))
 
-        types = md.get(_KEY + "token_type")
-        if types is not None:
-            types = np.asarray(types, dtype=np.int64)
-            if len(types) < n:
-                raise ValueError(f"fewer token types ({len(types)}) than tokens ({n})")
-            types = types[:n]
-            bad = (types < 0) | (types >= len(_TYPE_TO_ATTR))
-            attr_np = _TYPE_TO_ATTR[np.where(bad, 0, types)]
-            attr_np[bad] = ATTR_UNDEFINED
-        else:
-            attr_np = np.full(n, ATTR_NORMAL, dtype=np.int64)
+        attr_np = _token_attrs(meta, n)
         self._attr = array("q", attr_np.astype(np.int64).tobytes())
         self._touched: set[int] = set()  # ids whose attributes the heuristics below changed
         self._control_ids: list[int] = np.nonzero(attr_np & ATTR_CONTROL)[0].tolist()
 
         # --- special token ids: defaults, then metadata (ignored when out of range)
-        ids = {name: defaults.get(name) for name in (
-            "bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf",
-            "fim_mid", "fim_pad", "fim_rep", "fim_sep")}
-        for name in ids:
-            if ids[name] is not None and ids[name] >= n:
-                ids[name] = None
-        keys = [("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
-                ("eom", "eom_token_id"), ("unk", "unknown_token_id"),
-                ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
-                ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"),
-                ("fim_suf", "fim_suf_token_id"), ("fim_mid", "fim_mid_token_id"),
-                ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
-                ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"),
-                ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id")]
-        for name, key in keys:
-            value = md.get(_KEY + key)
-            if value is not None and 0 <= int(value) < n:
-                ids[name] = int(value)
-
-        add_bos = md.get(_KEY + "add_bos_token", add_bos)
-        add_eos = md.get(_KEY + "add_eos_token", add_eos)
+        ids = _special_ids(meta, defaults, n)
+        add_bos = meta.bool(_KEY + "add_bos_token", add_bos)
+        add_eos = meta.bool(_KEY + "add_eos_token", add_eos)
         if pre_cfg is not None and pre_cfg.force_bos:
             add_bos = True  # llama.cpp's Gemma 4 workaround
-        self.add_bos: bool = bool(add_bos)
-        self.add_eos: bool = bool(add_eos)
-        if self.add_bos and ids["bos"] is None:
-            raise ValueError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
-        if self.add_eos and ids["eos"] is None:
-            raise ValueError("tokenizer.ggml.add_eos_token is true, but there is no EOS token")
+        self.add_bos: bool = add_bos
+        self.add_eos: bool = add_eos
+        for flag, name in ((add_bos, "bos"), (add_eos, "eos")):
+            if flag and ids[name] is None:
+                raise ModelMetadataError(
+                    f"{_KEY}add_{name}_token is true, but the vocabulary has no {name.upper()} "
+                    f"token ({_KEY}{name}_token_id is absent or outside its {n} tokens)")
 
         self._detect_special(ids)
         self._ids = ids
@@ -221,17 +254,14 @@ class Tokenizer:
         special.sort(key=lambda i: -len(_raw_bytes(vocab.text(i))))
         self._special_ids: list[int] = special
         self._special_texts: list[str] = [vocab.text(i) for i in special]
-        self._set_strip_attrs(md)
+        self._set_strip_attrs(meta)
         self._partitioners: dict[bool, SpecialPartitioner] = {}  # by parse_special, built on use
 
         self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
 
         self._bpe = self._spm = self._wpm = self._ugm = None
         if self.vocab_type == "bpe":
-            merges = md.get(_KEY + "merges")
-            if merges is None:
-                raise ValueError("cannot find tokenizer merges (tokenizer.ggml.merges)")
-            self._bpe = BPEModel(vocab, merges, pre_cfg)
+            self._bpe = BPEModel(vocab, meta.strings(_KEY + "merges"), pre_cfg)
         elif self.vocab_type == "spm":
             byte_ids: list[int | None] = []
             for b in range(256):
@@ -242,16 +272,14 @@ class Tokenizer:
             self._byte_ids = byte_ids
             self._spm = SPMModel(vocab, self._scores, byte_ids, ids["unk"])
         elif self.vocab_type == "wpm":
-            lowercase = bool(md.get(_KEY + "normalizer.lowercase", True))
+            lowercase = meta.bool(_KEY + "normalizer.lowercase", True)
             self._wpm = WPMModel(vocab, ids["unk"], lowercase,
-                                 bool(md.get(_KEY + "normalizer.strip_accents", lowercase)))
+                                 meta.bool(_KEY + "normalizer.strip_accents", lowercase))
         else:
-            charsmap = md.get(_KEY + "precompiled_charsmap")
-            if charsmap is not None:
-                charsmap = np.asarray(charsmap).astype(np.uint8).tobytes()
+            charsmap = _charsmap(meta)
+            merge_spaces = meta.bool(_KEY + "remove_extra_whitespaces", False)
             self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, ids["unk"], charsmap,
-                                 self.add_space_prefix,
-                                 bool(md.get(_KEY + "remove_extra_whitespaces", False)))
+                                 self.add_space_prefix, merge_spaces)
         self._nl_id: int | None = None
 
     # ------------------------------------------------------------------ construction
@@ -324,11 +352,11 @@ class Tokenizer:
             touched.add(texts["</s>"])
         self._eog: frozenset[int] = frozenset(eog)
 
-    def _set_strip_attrs(self, md: Mapping) -> None:
+    def _set_strip_attrs(self, meta: Meta) -> None:
         """The per-model LSTRIP/RSTRIP attributes llama.cpp sets by name."""
-        name = str(md.get("general.name", "") or "").lower()
+        name = meta.str("general.name", "").lower()
         pre = self.pre
-        arch = str(md.get("general.architecture", "") or "")
+        arch = meta.str("general.architecture", "")
         tok, attr = self._vocab, self._attr
         if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
                 s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
@@ -487,8 +515,8 @@ class Tokenizer:
     def _required(self, name: str) -> int:
         tid = self._ids[name]
         if tid is None:
-            raise ValueError(f"{self.model} vocabulary has no {name.upper()} token to add "
-                             f"(tokenizer.ggml.{name}_token_id)")
+            raise ModelMetadataError(f"{self.model} vocabulary has no {name.upper()} token to "
+                                     f"add (tokenizer.ggml.{_SPECIAL_KEY_OF[name]})")
         return tid
 
     def __call__(self, text: str, add_special: bool = True,

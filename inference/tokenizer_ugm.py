@@ -21,12 +21,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .hparams import ModelMetadataError
+
 if TYPE_CHECKING:
     from .vocab import Vocab
 
 ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL = 1 << 0, 1 << 1, 1 << 2
 ATTR_USER_DEFINED = 1 << 4
 _SPACE = "\u2581"
+# a malformed map is the file's fault, found when it is read or (a node out of bounds, as
+# llama.cpp's xcda_array_view throws) when a lookup reaches the broken part
+_KEY = "GGUF metadata tokenizer.ggml.precompiled_charsmap"
 
 
 class CharsMap:
@@ -35,18 +40,18 @@ class CharsMap:
 
     def __init__(self, blob: bytes):
         if len(blob) < 4:
-            raise ValueError(f"precompiled_charsmap too small: {len(blob)} bytes, expected a "
-                             "4-byte size and a double array")
+            raise ModelMetadataError(f"{_KEY} too small: {len(blob)} bytes, expected a "
+                                     "4-byte size and a double array")
         (size,) = struct.unpack_from("<I", blob)
         if size + 4 >= len(blob):
-            raise ValueError(f"precompiled_charsmap: double array of {size} bytes does not fit "
-                             f"in {len(blob)} bytes")
+            raise ModelMetadataError(f"{_KEY}: double array of {size} bytes does not fit "
+                                     f"in {len(blob)} bytes")
         self.nodes = np.frombuffer(blob, "<u4", size // 4, 4).tolist()
         self.replacements = blob[4 + size:]
 
     def _node(self, i: int) -> int:
         if i >= len(self.nodes):
-            raise ValueError(f"precompiled_charsmap: node {i} outside the double array")
+            raise ModelMetadataError(f"{_KEY}: node {i} outside the double array")
         return self.nodes[i]
 
     @staticmethod
@@ -75,7 +80,7 @@ class CharsMap:
         length, offset = best
         end = self.replacements.find(b"\0", offset)
         if offset >= len(self.replacements) or end < 0:
-            raise ValueError(f"precompiled_charsmap: replacement at {offset} is not terminated")
+            raise ModelMetadataError(f"{_KEY}: replacement at {offset} is not terminated")
         return length, self.replacements[offset:end]
 
 

@@ -4,7 +4,9 @@
     hw.ram_available, hw.physical_cores, hw.simd, hw.gpus, hw.disk_free
 
 GPUs come from NVML (the `pynvml` / nvidia-ml-py module) when importable, else CuPy, else
-`nvidia-smi` when it is on PATH; with none of them the list is empty.
+`nvidia-smi` when it is on PATH; with none of them the list is empty. `gpu_offload` is the
+engine's own answer (inference.cuda.probe): whether its CUDA backend can use them, and if not
+why (no CuPy, no driver, ...).
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ class HardwareInfo:
     disk_free: int | None = None
     disk_total: int | None = None
     notes: list[str] = field(default_factory=list)
+    # whether the engine can offload to these GPUs: "ready", or why not (its probe's one line)
+    gpu_offload: str | None = None
 
     @property
     def vram_free(self) -> int:
@@ -235,4 +239,11 @@ def detect(store: pathlib.Path | str | None = None, gpus: bool = True) -> Hardwa
         python=platform.python_version(), cpu_model=model, physical_cores=physical,
         logical_cores=logical, simd=simd, ram_total=ram_total, ram_available=ram_avail,
         gpus=detect_gpus(notes) if gpus else [], disk_path=disk_path, disk_free=disk_free,
-        disk_total=disk_total, notes=notes)
+        disk_total=disk_total, notes=notes, gpu_offload=gpu_offload() if gpus else None)
+
+
+def gpu_offload() -> str:
+    """'ready' when the engine's CUDA backend can run here, else its reason (never raises)."""
+    from llamatui.inference.cuda.probe import probe
+    found = probe()
+    return "ready (CuPy and numba-cuda)" if found.available else found.reason

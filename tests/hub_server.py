@@ -210,6 +210,13 @@ class FakeRepo:
             d["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
         return d
 
+    def search_dict(self, expand: list[str]) -> dict:
+        """A search result: with `expand`, only `id` and the fields named (as the Hub does)."""
+        d = self.model_dict(full=False)
+        if self.gguf is not None:
+            d["gguf"] = self.gguf
+        return {k: v for k, v in d.items() if k in ("_id", "id", *expand)} if expand else d
+
     def model_dict(self, blobs: bool = False, full: bool = True) -> dict:
         d = {"_id": self.sha[:24], "id": self.id, "author": self.id.split("/")[0],
              "downloads": self.downloads, "likes": self.likes, "trendingScore": self.trending,
@@ -402,7 +409,8 @@ def _make_handler(server: HubServer):
             if key:
                 repos.sort(key=key, reverse=True)
             limit = int(q.get("limit", [1000])[0])
-            self._json([r.model_dict(full=False) for r in repos[:limit]])
+            expand = q.get("expand", []) + q.get("expand[]", [])
+            self._json([r.search_dict(expand) for r in repos[:limit]])
 
         def _api(self, rest: str, q):
             parts = rest.split("/")
@@ -574,7 +582,8 @@ def populate(server: HubServer, big_vocab: int = 8192) -> dict[str, FakeRepo]:
                        folder, an mmproj, an imatrix and a README; gguf summary
     acme/NoDefault-GGUF  Q8_0 and Q5_K_M only
     acme/Gated-GGUF    gated; acme/Private-GGUF private
-    other/Popular-GGUF most downloads, few likes; acme/Torch-Model not tagged gguf
+    other/Popular-GGUF most downloads, few likes, a gguf summary naming an architecture the
+                       engine does not run; acme/Torch-Model not tagged gguf
     """
     tiny = server.add_repo("acme/Tiny-GGUF", downloads=500, likes=40, trending=5,
                            created="2025-03-01T00:00:00.000Z",
@@ -597,7 +606,8 @@ def populate(server: HubServer, big_vocab: int = 8192) -> dict[str, FakeRepo]:
     gated.add("Gated-Q4_K_M.gguf", make_gguf("Q4_K_M"))
     private = server.add_repo("acme/Private-GGUF", private=True)
     private.add("Private-Q4_K_M.gguf", make_gguf("Q4_K_M"))
-    server.add_repo("other/Popular-GGUF", downloads=90_000, likes=2).add(
+    server.add_repo("other/Popular-GGUF", downloads=90_000, likes=2,
+                    gguf={"total": 1_000_000, "architecture": "mamba"}).add(
         "Popular-Q4_0.gguf", make_gguf("Q4_0"))
     server.add_repo("acme/Torch-Model", tags=("pytorch",), downloads=10**6).add(
         "model.safetensors", b"\0" * 64)

@@ -14,7 +14,9 @@ log-probabilities at every position of `TOKENS` for each into tests/golden/synth
     path = write_model("llama", "Q4_K", tmp_dir)      # a GGUF file, deterministic
 
 Adding a family: a function `recipe_<name>(rng) -> Recipe` registered in RECIPES (below), then
-`python tests/record_synthetic_logits.py <name>` with llama-cpp-python installed.
+`python tests/record_synthetic_logits.py <name>` with llama-cpp-python installed. A variant of a
+family (other metadata or tensors that take another path, another context size) goes in
+VARIANTS as a `Case`; CASES holds both, and is what the recorder and tests/test_archs.py run.
 """
 from __future__ import annotations
 
@@ -41,6 +43,11 @@ class Recipe:
     tensors: dict[str, np.ndarray]
     # tensors kept F32 whatever the type (norms, biases, and what a family wants exact)
     keep_f32: set = field(default_factory=set)
+    # the tokenizer's metadata [(key, value, type)] when not the default GPT-2-style vocabulary
+    tokenizer: list | None = None
+    # general.name's subject when the case name will not do: llama.cpp's vocabulary loader
+    # looks up <unk> and <|endoftext|> for models named "phi3", which the tiny vocabulary lacks
+    label: str | None = None
 
 
 def matrix(rng, n_out: int, n_in: int, gain: float = 1.0) -> np.ndarray:
@@ -128,10 +135,292 @@ def recipe_gemma3(rng) -> Recipe:
     return Recipe("gemma3", md, t)
 
 
+def recipe_phi3(rng) -> Recipe:
+    """Phi-3 with fused attn_qkv and ffn_up, RoPE over 48 of 64 dims per head, LongRoPE factors
+    with an original context of 256 (a 256-cell context takes the short factors, 512 the long),
+    and a sliding window llama.cpp turns off."""
+    n_layer, e, f, n_head, n_head_kv, d, n_rot = 3, 256, 512, 4, 2, 64, 48
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e)}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "attn_norm.weight"] = norm(rng, e)
+        t[p + "attn_qkv.weight"] = matrix(rng, (n_head + 2 * n_head_kv) * d, e)
+        t[p + "attn_output.weight"] = matrix(rng, e, n_head * d)
+        t[p + "ffn_norm.weight"] = norm(rng, e)
+        t[p + "ffn_up.weight"] = matrix(rng, 2 * f, e)
+        t[p + "ffn_down.weight"] = matrix(rng, e, f)
+    t["rope_factors_short.weight"] = (1.0 + 0.5 * rng.random(n_rot // 2)).astype(np.float32)
+    t["rope_factors_long.weight"] = np.geomspace(1.0, 16.0, n_rot // 2).astype(np.float32)
+    t["output_norm.weight"] = norm(rng, e)
+    t["output.weight"] = matrix(rng, N_VOCAB, e)
+    scale = 4096 / 256  # the converter's attn_factor: sqrt(1 + ln(scale) / ln(original))
+    md = decoder_metadata("phi3", n_layer=n_layer, n_embd=e, n_ff=f, n_head=n_head,
+                          n_head_kv=n_head_kv, eps=1e-5, **{
+                              "rope.dimension_count": n_rot,
+                              "rope.scaling.original_context_length": 256,
+                              "rope.scaling.attn_factor": float(np.sqrt(
+                                  1 + np.log(scale) / np.log(256))),
+                              "attention.sliding_window": 8})
+    return Recipe("phi3", md, t, label="Phi three")
+
+
+def recipe_gemma2(rng) -> Recipe:
+    """Gemma 2: small soft-caps so that both matter, windows of 8 on the even layers (the
+    default pattern), linear RoPE scaling (on both kinds of layer), key_length 128."""
+    shape = dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256) / 16}
+    t.update(llama_layers(rng, head_dim=128, **shape))
+    for il in range(shape["n_layer"]):
+        t[f"blk.{il}.post_attention_norm.weight"] = norm(rng, 256)
+        t[f"blk.{il}.post_ffw_norm.weight"] = norm(rng, 256)
+    t["output_norm.weight"] = norm(rng, 256)
+    md = decoder_metadata("gemma2", head_dim=128, **shape, **{
+        "attention.sliding_window": 8, "attn_logit_softcapping": 2.0,
+        "final_logit_softcapping": 4.0, "rope.scaling.type": "linear",
+        "rope.scaling.factor": 2.0})
+    return Recipe("gemma2", md, t)
+
+
+def olmo2_tensors(rng, n_layer: int, e: int, f: int, n_head: int, n_head_kv: int,
+                  d: int) -> dict[str, np.ndarray]:
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e)}
+    t.update(llama_layers(rng, n_layer, e, f, n_head, n_head_kv, d))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        del t[p + "attn_norm.weight"], t[p + "ffn_norm.weight"]  # OLMo 2 has post-norms only
+        t[p + "attn_q_norm.weight"] = norm(rng, n_head * d)  # over all heads at once
+        t[p + "attn_k_norm.weight"] = norm(rng, n_head_kv * d)
+        t[p + "post_attention_norm.weight"] = norm(rng, e)
+        t[p + "post_ffw_norm.weight"] = norm(rng, e)
+    t["output_norm.weight"] = norm(rng, e)
+    # the quantized types' differences from llama.cpp (every family has them; F16 agrees to
+    # 0.0004 here as elsewhere) weigh ~1.5 times more in OLMo 2's log-probabilities: logits at
+    # 3/4 of the usual scale keep them under the bound (0.022 on average for Q4_K at full scale)
+    t["output.weight"] = matrix(rng, N_VOCAB, e, gain=0.75)
+    return t
+
+
+def recipe_olmo2(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = olmo2_tensors(rng, 3, 256, 512, 4, 2, 64)
+    return Recipe("olmo2", decoder_metadata("olmo2", rope_base=500000.0, **shape), t)
+
+
+def recipe_olmo2_sliding_window(rng) -> Recipe:
+    """OLMo 3's layout: windows of 8 on layers 0-2 (the default pattern 4), YaRN on layer 3."""
+    shape = dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = olmo2_tensors(rng, 4, 256, 512, 4, 2, 64)
+    md = decoder_metadata("olmo2", rope_base=500000.0, **shape, **{
+        "attention.sliding_window": 8, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 32})
+    return Recipe("olmo2", md, t)
+
+
+def recipe_smollm3(rng) -> Recipe:
+    """SmolLM3: layer 3 of 4 without RoPE."""
+    shape = dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=1)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **llama_layers(rng, head_dim=64, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    return Recipe("smollm3", decoder_metadata("smollm3", rope_base=5e6, **shape), t)
+
+
+def recipe_granite(rng) -> Recipe:
+    """Granite's four multipliers, each away from 1 (embeddings and output scaled against the
+    embedding and logit multipliers so that activations keep their usual size)."""
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256) / 4,
+         **llama_layers(rng, head_dim=64, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256, gain=4.0)}
+    md = decoder_metadata("granite", **shape, **{
+        "embedding_scale": 4.0, "residual_scale": 0.5, "attention.scale": 1 / 32,
+        "logit_scale": 4.0})
+    return Recipe("granite", md, t)
+
+
+def recipe_llama_rope_freqs(rng) -> Recipe:
+    """Llama 3.1/3.2: rope_freqs.weight as the converter computes it from the "llama3" scaling
+    (factor 8, low/high frequency factors 1 and 4) for an original context of 32."""
+    recipe = recipe_llama(rng)
+    base, dim, factor, low, high, old_ctx = 500000.0, 64, 8.0, 1.0, 4.0, 32
+    factors = []
+    for freq in 1.0 / base ** (np.arange(0, dim, 2) / dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_ctx / high:
+            factors.append(1.0)
+        elif wavelen > old_ctx / low:
+            factors.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    recipe.tensors["rope_freqs.weight"] = np.array(factors, np.float32)
+    return recipe
+
+
+def recipe_llama_yarn(rng) -> Recipe:
+    """YaRN with factor 4 over an original context of 32 (the 80 positions run past it); the
+    converter's yarn_* keys are set to odd values, which llama.cpp's llama reads none of."""
+    recipe = recipe_llama(rng)
+    recipe.metadata.update({f"llama.rope.scaling.{k}": v for k, v in {
+        "type": "yarn", "factor": 4.0, "original_context_length": 32,
+        "yarn_ext_factor": 0.5, "yarn_attn_factor": 0.7, "yarn_beta_fast": 8.0,
+        "yarn_beta_slow": 2.0}.items()})
+    recipe.metadata["llama.rope.freq_base"] = 10000.0
+    return recipe
+
+
+def recipe_llama_sliding_window(rng) -> Recipe:
+    """Mistral-style: llama with attention.sliding_window 8, which llama.cpp does not apply to
+    the llama architecture (every layer attends over the whole context)."""
+    recipe = recipe_llama(rng)
+    recipe.metadata["llama.attention.sliding_window"] = 8
+    return recipe
+
+
 RECIPES = {
     "llama": recipe_llama,
     "gemma3": recipe_gemma3,
+    # the architectures issue, part 1 (families helper)
+    "phi3": recipe_phi3,
+    "gemma2": recipe_gemma2,
+    "olmo2": recipe_olmo2,
+    "smollm3": recipe_smollm3,
+    "granite": recipe_granite,
 }
+
+
+# ----------------------------------------------------------------------------- encoders
+# Encoders (BERT and kin) have no logits: they are compared by their pooled embeddings of
+# EMBED_INPUTS (token ids, and on F16 models EMBED_TEXTS through the WordPiece vocabulary
+# below), recorded into tests/golden/synthetic_embeddings.json.
+
+ENCODER_CTX = 128  # context_length: BERT's position table has a row per position
+# several lengths, so that one batch holds sequences of different sizes
+EMBED_INPUTS = [TOKENS, TOKENS[5:37], TOKENS[40:43], TOKENS[60:61]]
+EMBED_TEXTS = ["the cat sat on the mat.", "Dogs, cats and birds!",
+               "a quick brown fox jumps over the lazy dog"]
+_WPM_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_WPM_WORDS = ("the cat sat on mat dog dogs cats and bird birds quick brown fox jump jumps over "
+              "lazy").split()
+
+
+# llama.cpp adds the token-type row to float32 states as it is: the converters keep it F32
+_F32_TYPES = ("token_types.weight",)
+
+
+def encoder_metadata(arch: str, *, n_layer: int, n_embd: int, n_ff: int, n_head: int,
+                     pooling: int, **extra) -> dict:
+    """The keys of a BERT-style encoder: LayerNorm epsilon, non-causal attention, pooling type
+    (llama_pooling_type: 1 mean, 2 cls), two token types."""
+    md = {
+        "context_length": ENCODER_CTX, "embedding_length": n_embd, "block_count": n_layer,
+        "feed_forward_length": n_ff, "attention.head_count": n_head,
+        "attention.layer_norm_epsilon": 1e-12, "attention.causal": False,
+        "pooling_type": pooling,
+    }
+    md.update(extra)
+    return {**{f"{arch}.{k}": v for k, v in md.items()}, "tokenizer.ggml.token_type_count": 2}
+
+
+def wpm_tokenizer_metadata() -> list[tuple[str, object, object]]:
+    """A tiny WordPiece vocabulary as llama.cpp's converter writes BERT's ("▁word" starts a word,
+    "piece" continues one): the specials, some whole words, every lowercase letter and digit
+    both ways and ASCII punctuation, padded with unused pieces to N_VOCAB."""
+    words = [f"\u2581{w}" for w in _WPM_WORDS]
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    pieces = [f"\u2581{c}" for c in chars] + list(chars) + [f"\u2581{c}" for c in ".,!?'-"]
+    tokens = _WPM_SPECIALS + words + pieces
+    tokens += [f"unused{i}" for i in range(N_VOCAB - len(tokens))]
+    string_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.STRING))
+    int_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.INT32))
+    ids = {t: i for i, t in enumerate(_WPM_SPECIALS)}
+    return [
+        ("tokenizer.ggml.model", "bert", None),
+        ("tokenizer.ggml.tokens", tokens, string_array),
+        ("tokenizer.ggml.token_type", [3] * len(_WPM_SPECIALS) +
+         [1] * (N_VOCAB - len(_WPM_SPECIALS)), int_array),
+        ("tokenizer.ggml.padding_token_id", ids["[PAD]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.unknown_token_id", ids["[UNK]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.bos_token_id", ids["[CLS]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.seperator_token_id", ids["[SEP]"], GGUFValueType.UINT32),
+        ("tokenizer.ggml.mask_token_id", ids["[MASK]"], GGUFValueType.UINT32),
+    ]
+
+
+def encoder_layer_norms(rng, n_layer: int, n_embd: int) -> dict[str, np.ndarray]:
+    t = {"token_embd_norm.weight": norm(rng, n_embd), "token_embd_norm.bias": bias(rng, n_embd)}
+    for il in range(n_layer):
+        for name in ("attn_output_norm", "layer_output_norm"):
+            t[f"blk.{il}.{name}.weight"] = norm(rng, n_embd)
+            t[f"blk.{il}.{name}.bias"] = bias(rng, n_embd)
+    return t
+
+
+def recipe_bert(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4)
+    e, f = 256, 512
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e),
+         "token_types.weight": embeddings(rng, 2, e) * 0.5,
+         "position_embd.weight": embeddings(rng, ENCODER_CTX, e) * 0.5,
+         **encoder_layer_norms(rng, 3, e)}
+    for il in range(3):
+        p = f"blk.{il}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t[p + name + ".weight"] = matrix(rng, e, e)
+            t[p + name + ".bias"] = bias(rng, e)
+        t[p + "ffn_up.weight"], t[p + "ffn_up.bias"] = matrix(rng, f, e), bias(rng, f)
+        t[p + "ffn_down.weight"], t[p + "ffn_down.bias"] = matrix(rng, e, f), bias(rng, e)
+    return Recipe("bert", encoder_metadata("bert", pooling=1, **shape), t,
+                  keep_f32=set(_F32_TYPES), tokenizer=wpm_tokenizer_metadata())
+
+
+def recipe_nomic_bert(rng) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4)
+    e, f = 256, 512
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e),
+         "token_types.weight": embeddings(rng, 2, e) * 0.5,
+         **encoder_layer_norms(rng, 3, e)}
+    for il in range(3):
+        p = f"blk.{il}."
+        t[p + "attn_qkv.weight"] = matrix(rng, 3 * e, e)
+        t[p + "attn_output.weight"] = matrix(rng, e, e)
+        t[p + "ffn_gate.weight"] = matrix(rng, f, e)
+        t[p + "ffn_up.weight"] = matrix(rng, f, e)
+        t[p + "ffn_down.weight"] = matrix(rng, e, f)
+    md = encoder_metadata("nomic-bert", pooling=2, **shape, **{"rope.freq_base": 1000.0})
+    return Recipe("nomic-bert", md, t, keep_f32=set(_F32_TYPES),
+                  tokenizer=wpm_tokenizer_metadata())
+
+
+RECIPES.update({
+    "bert": recipe_bert,
+    "nomic-bert": recipe_nomic_bert,
+})
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model evaluated against llama.cpp: its recipe and the context both run it in."""
+    recipe: object  # (rng) -> Recipe
+    n_ctx: int = 256
+
+    @property
+    def arch(self) -> str:
+        """The case's `general.architecture` (its recipe's, as the catalog names it)."""
+        return self.recipe(np.random.default_rng(0)).arch
+
+
+# cases beyond one per family: variants of a family's file that take other code paths
+VARIANTS = {
+    "llama-rope-freqs": Case(recipe_llama_rope_freqs),
+    "llama-yarn": Case(recipe_llama_yarn),
+    "llama-sliding-window": Case(recipe_llama_sliding_window),
+    "phi3-long-factors": Case(recipe_phi3, n_ctx=512),
+    "olmo2-sliding-window": Case(recipe_olmo2_sliding_window),
+}
+CASES = {**{name: Case(recipe) for name, recipe in RECIPES.items()}, **VARIANTS}
 
 
 # ----------------------------------------------------------------------------- writing
@@ -164,15 +453,16 @@ def _typed(value):
     return None
 
 
-def write_model(family: str, type_name: str, directory) -> pathlib.Path:
-    """Writes `<family>-<type>.gguf` into `directory` (deterministic bytes); returns its path."""
+def write_model(name: str, type_name: str, directory) -> pathlib.Path:
+    """Writes `<name>-<type>.gguf` for the case `name` (a family or a variant) into `directory`
+    (deterministic bytes); returns its path."""
     from llamatui.quantizer.rows import quantize
-    recipe = RECIPES[family](np.random.default_rng(_seed(family)))
-    path = pathlib.Path(directory) / f"{family}-{type_name}.gguf"
+    recipe = CASES[name].recipe(np.random.default_rng(_seed(name)))
+    path = pathlib.Path(directory) / f"{name}-{type_name}.gguf"
     w = GGUFWriter(path)
     w.add("general.architecture", recipe.arch)
-    w.add("general.name", f"synthetic {family} {type_name}")
-    for key, value, vtype in _tokenizer_metadata():
+    w.add("general.name", f"synthetic {recipe.label or name} {type_name}")
+    for key, value, vtype in recipe.tokenizer or _tokenizer_metadata():
         w.add(key, value, vtype)
     for key, value in recipe.metadata.items():
         w.add(key, value, _typed(value))
@@ -189,8 +479,8 @@ def write_model(family: str, type_name: str, directory) -> pathlib.Path:
     return path
 
 
-def _seed(family: str) -> int:
-    return int.from_bytes(hashlib.sha256(family.encode()).digest()[:4], "little")
+def _seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
 
 
 def sha256_of(path) -> str:

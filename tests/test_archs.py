@@ -1,27 +1,44 @@
-"""Every family of the catalog against llama.cpp itself, on synthetic models (tests/
-synthetic_models.py): at each of the 80 positions our top-1 token equals llama.cpp's wherever
-llama.cpp's top-2 margin is at least 0.1 nats, and the log-probability we give llama.cpp's top token
-is within 0.02 on average (0.1 at most), for F16, Q8_0, Q4_K and Q6_K weights."""
+"""Every family of the catalog, and variants of some (synthetic_models.VARIANTS: Llama 3's
+rope_freqs, YaRN, a Mistral-style window, LongRoPE's long factors, OLMo 3's windows), against
+llama.cpp itself, on synthetic models (tests/synthetic_models.py): at each of the 80 positions
+our top-1 token equals llama.cpp's wherever llama.cpp's top-2 margin is at least 0.1 nats, and
+the log-probability we give llama.cpp's top token is within 0.02 on average (0.1 at most), for
+F16, Q8_0, Q4_K and Q6_K weights. Then the family metadata llama.cpp reads its own way.
+
+Encoders (BERT...) have no logits: their pooled embeddings (pooled as the model's pooling_type
+says) point where llama.cpp's do, cosine similarity ≥ 0.999 for each input, for token ids
+evaluated together in one batch and, on F16 models, for texts through the engine's API."""
 import json
 import pathlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from llamatui.inference.catalog import ARCHITECTURES
+from llamatui.inference.engine import Engine
+from llamatui.inference.hparams import ModelMetadataError, read_hparams
 from llamatui.inference.model import Batch, Model
-from synthetic_models import RECIPES, TOKENS, TYPES, sha256_of, write_model
+from synthetic_models import (CASES, EMBED_INPUTS, EMBED_TEXTS, RECIPES, TOKENS, TYPES,
+                              sha256_of, write_model)
 
-GOLDEN = json.loads((pathlib.Path(__file__).parent / "golden" / "synthetic_logits.json")
-                    .read_text())
+GOLDEN_DIR = pathlib.Path(__file__).parent / "golden"
+GOLDEN = json.loads((GOLDEN_DIR / "synthetic_logits.json").read_text())
+GOLDEN_EMBEDDINGS = json.loads((GOLDEN_DIR / "synthetic_embeddings.json").read_text())
 MARGIN = 0.1  # nats between llama.cpp's top two: below it, either token may win
-CASES = [(f, t) for f in RECIPES for t in TYPES]
+MIN_COSINE = 0.999
+ENCODERS = [name for name in CASES if ARCHITECTURES[CASES[name].arch].encoder]
+MODELS = [(name, t) for name in CASES if name not in ENCODERS for t in TYPES]
+ENCODER_CASES = [(name, t) for name in ENCODERS for t in TYPES]
 
 
 def test_every_catalog_family_has_a_synthetic_model_and_reference():
     assert set(RECIPES) == set(ARCHITECTURES)
-    assert {f"{f}/{t}" for f, t in CASES} <= set(GOLDEN["models"])
+    assert {f"{name}/{t}" for name, t in MODELS} <= set(GOLDEN["models"])
+    assert {f"{name}/{t}" for name, t in ENCODER_CASES} <= set(GOLDEN_EMBEDDINGS["models"])
     assert GOLDEN["tokens"] == TOKENS
+    assert GOLDEN_EMBEDDINGS["inputs"] == EMBED_INPUTS
+    assert GOLDEN_EMBEDDINGS["texts"] == EMBED_TEXTS
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -35,12 +52,12 @@ def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("synthetic")
 
 
-@pytest.mark.parametrize("family,type_name", CASES)
-def test_logits_match_llama_cpp(family, type_name, model_dir, float32_prompts):
-    ref = GOLDEN["models"][f"{family}/{type_name}"]
-    path = write_model(family, type_name, model_dir)
+@pytest.mark.parametrize("name,type_name", MODELS)
+def test_logits_match_llama_cpp(name, type_name, model_dir, float32_prompts):
+    ref = GOLDEN["models"][f"{name}/{type_name}"]
+    path = write_model(name, type_name, model_dir)
     assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
-    model = Model.load(path, n_ctx=256)
+    model = Model.load(path, n_ctx=CASES[name].n_ctx)
     try:
         logprobs = _log_softmax(model.decode(Batch(TOKENS, pos=0, logits=True)))
     finally:
@@ -50,9 +67,107 @@ def test_logits_match_llama_cpp(family, type_name, model_dir, float32_prompts):
     diffs = np.abs(logprobs[np.arange(len(TOKENS)), top1] - top1_lp)
     confident = top1_lp - top2_lp >= MARGIN
     ours = logprobs.argmax(axis=1)
-    print(f"\n{family}/{type_name}: mean |Δ logprob| {diffs.mean():.4f}, max {diffs.max():.4f}, "
+    print(f"\n{name}/{type_name}: mean |Δ logprob| {diffs.mean():.4f}, max {diffs.max():.4f}, "
           f"top-1 agreement {np.mean(ours[confident] == top1[confident]):.2%} over "
           f"{confident.sum()} confident positions")
     assert confident.sum() >= 32, "too few confident positions to mean much"
     assert (ours[confident] == top1[confident]).all()
     assert diffs.mean() <= 0.02 and diffs.max() <= 0.1
+
+
+def _cosines(ours: np.ndarray, reference) -> np.ndarray:
+    ref = np.asarray(reference, dtype=np.float64)
+    ours = np.asarray(ours, dtype=np.float64)
+    return (ours * ref).sum(axis=1) / (np.linalg.norm(ours, axis=1) *
+                                       np.linalg.norm(ref, axis=1))
+
+
+@pytest.mark.parametrize("family,type_name", ENCODER_CASES)
+def test_encoder_embeddings_match_llama_cpp(family, type_name, model_dir):
+    ref = GOLDEN_EMBEDDINGS["models"][f"{family}/{type_name}"]
+    path = write_model(family, type_name, model_dir)
+    assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
+    model = Model.load(path, n_ctx=256)
+    try:
+        assert model.hparams.pooling == ("none", "mean", "cls", "last")[ref["pooling_type"]]
+        ours = model.embed(EMBED_INPUTS, model.hparams.pooling)  # all inputs in one batch
+    finally:
+        model.close()
+    cosines = _cosines(ours, ref["embeddings"])
+    print(f"\n{family}/{type_name} ({model.hparams.pooling} pooling): cosine similarity "
+          f"{', '.join(f'{c:.6f}' for c in cosines)}")
+    assert (cosines >= MIN_COSINE).all()
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_encoder_embeds_texts_like_llama_cpp(family, model_dir):
+    """Text in, through the WordPiece vocabulary ([CLS] ... [SEP]) and the engine's API."""
+    ref = GOLDEN_EMBEDDINGS["models"][f"{family}/F16"]
+    engine = Engine.load(write_model(family, "F16", model_dir), n_ctx=256, threads=2)
+    try:
+        assert [engine.tokenize(t) for t in EMBED_TEXTS] == ref["text_tokens"]
+        vectors = engine.embed(EMBED_TEXTS)
+    finally:
+        engine.close()
+    assert vectors.shape == (len(EMBED_TEXTS), 256) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    assert (_cosines(vectors, ref["text_embeddings"]) >= MIN_COSINE).all()
+
+
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(ENCODERS)))
+def test_decoding_token_by_token_matches_the_batch(name, model_dir, float32_prompts):
+    """The decode path of each family (single-token kernels, the cache, the sliding windows at
+    positions past them) gives the logits the batch gave, to float32 rounding."""
+    model = Model.load(write_model(name, "F16", model_dir), n_ctx=CASES[name].n_ctx)
+    try:
+        batch = _log_softmax(model.decode(Batch(TOKENS, pos=0, logits=True)))
+        model.kv.seq_rm(0, -1, -1)
+        model.decode(Batch(TOKENS[:72], pos=0, logits=False))
+        steps = [_log_softmax(model.decode(Batch([t], pos=72 + i))) for i, t in
+                 enumerate(TOKENS[72:])]
+    finally:
+        model.close()
+    np.testing.assert_allclose(np.concatenate(steps), batch[72:], atol=2e-3)
+
+
+# ----------------------------------------------------------------------------- family metadata
+
+
+def _hparams(arch: str, **keys):
+    """The checked hyperparameters of a header with `keys` (under `{arch}.`) and 2 layers."""
+    metadata = {"general.architecture": arch, f"{arch}.block_count": 2,
+                f"{arch}.embedding_length": 256, f"{arch}.attention.head_count": 4,
+                f"{arch}.feed_forward_length": 512,
+                **{f"{arch}.{k}": v for k, v in keys.items()}}
+    tensors = {"token_embd.weight": SimpleNamespace(shape=(512, 256))}
+    return read_hparams(SimpleNamespace(metadata=metadata, tensors=tensors))
+
+
+def test_sliding_windows_only_where_llama_cpp_has_them():
+    assert _hparams("llama", **{"attention.sliding_window": 8}).n_swa == 0  # Mistral's files
+    assert _hparams("phi3", **{"attention.sliding_window": 8}).n_swa == 0  # turned off
+    gemma2 = _hparams("gemma2")
+    assert gemma2.n_swa == 4096 and gemma2.swa_layers == (True, False)
+    assert _hparams("olmo2").swa_layers == ()
+
+
+def test_rope_and_granite_metadata_errors_name_the_key():
+    with pytest.raises(ModelMetadataError, match=r"llama\.rope\.scaling\.type .*'dynamic'"):
+        _hparams("llama", **{"rope.scaling.type": "dynamic"})
+    with pytest.raises(ModelMetadataError, match=r"granite\.logit_scale"):
+        _hparams("granite")
+    with pytest.raises(ModelMetadataError, match=r"gemma2\.attn_logit_softcapping = 0"):
+        _hparams("gemma2", attn_logit_softcapping=0.0)
+
+
+def test_longrope_factors_follow_the_context_size(model_dir):
+    """llama.cpp rounds the context up to 256 cells before comparing it with the original
+    context (256 in the phi3 recipe): 256 cells take the short factors, 257 the long ones."""
+    path = write_model("phi3", "F16", model_dir)
+    for n_ctx, which in ((256, "short"), (257, "long")):
+        model = Model.load(path, n_ctx=n_ctx)
+        try:
+            want = model.gguf.tensors[f"rope_factors_{which}.weight"].dequantize()
+            assert all(np.array_equal(r.freq_factors, want) for r in model.layer_rope)
+        finally:
+            model.close()

@@ -128,6 +128,18 @@ def test_settings_validation_names_every_bad_field():
         ChatSettings(temperature=float("nan"))
 
 
+def test_chat_template_setting_names_a_built_in_template():
+    values = ChatSettings().form_values()
+    assert values["chat_template"] == ""  # the model's own
+    values.update(chat_template="gemma")
+    assert ChatSettings.from_form(values).chat_template == "gemma"
+    values.update(chat_template="{{ messages }}")
+    with pytest.raises(SettingsError) as e:
+        ChatSettings.from_form(values)
+    assert set(e.value.errors) == {"chat_template"}
+    assert "chat template gemma" in ChatSettings(chat_template="gemma").describe()
+
+
 def test_settings_json_and_sampling():
     s = ChatSettings(system_prompt="x", temperature=0.1, top_k=3, seed=5, max_tokens=9)
     assert ChatSettings.from_json(s.to_json()) == s

@@ -4,36 +4,13 @@ CI has no GPU: numba's CUDA simulator runs every kernel on the CPU (each GPU thr
 thread) in a child process started with NUMBA_ENABLE_CUDASIM=1, since numba picks the simulator
 when numba.cuda is first imported. The checks themselves are in tests/cuda_checks.py; each is
 reported here as its own test. On a machine with a usable GPU, the `gpu` test runs the same
-checks on the device.
+checks on the device. The simulator's child process also runs the CUDA backend's checks
+(tests/test_cuda_backend.py reports those): one process per test session.
 """
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import cuda_checks
-
-SIMULATOR_TIMEOUT_S = 1800  # a hang, not a slow run: the checks take about a minute
-
-
-def _run_checks(extra_env: dict[str, str]):
-    env = dict(os.environ, **extra_env)
-    proc = subprocess.run([sys.executable, cuda_checks.__file__], env=env, capture_output=True,
-                          text=True, timeout=SIMULATOR_TIMEOUT_S, check=False)
-    results = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith(cuda_checks.MARK):
-            record = json.loads(line[len(cuda_checks.MARK):])
-            results[record["check"]] = record
-    return proc, results
-
-
-@pytest.fixture(scope="module")
-def simulated():
-    return _run_checks({"NUMBA_ENABLE_CUDASIM": "1"})
 
 
 def _assert_passed(proc, results, name):
@@ -44,8 +21,8 @@ def _assert_passed(proc, results, name):
 
 
 @pytest.mark.parametrize("name", cuda_checks.CHECK_NAMES)
-def test_kernel_under_the_simulator(simulated, name):
-    _assert_passed(*simulated, name)
+def test_kernel_under_the_simulator(name):
+    _assert_passed(*cuda_checks.simulated_results(), name)
 
 
 @pytest.mark.gpu
@@ -54,7 +31,8 @@ def test_kernels_on_the_gpu():
     found = probe()
     if not found.available:
         pytest.skip(found.reason)
-    proc, results = _run_checks({"NUMBA_ENABLE_CUDASIM": "0"})
+    proc, results = cuda_checks.run_checks({"NUMBA_ENABLE_CUDASIM": "0"},
+                                           cuda_checks.CHECK_NAMES)
     for name in cuda_checks.CHECK_NAMES:
         _assert_passed(proc, results, name)
 

@@ -236,12 +236,13 @@ def test_rope_rotates_the_right_pairs(neox):
 @pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 24, 30),
                                        (20, 16, 30), (150, 32, 157), (20, 24, 30)])
 @pytest.mark.parametrize("f16", [False, True])
-def test_attention_kernels_against_float64(n, d, n_kv, f16):
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_attention_kernels_against_float64(n, d, n_kv, f16, softcap):
     """The decode kernel (few tokens; a long cache in pieces whose softmaxes are merged, pieces
     wholly outside the window included), its fallback for odd head sizes, the GEMM path (many
     tokens, chunks of query rows over the cells each can see) and the numpy path (odd head
     sizes) against a float64 reference, with grouped KV heads, a causal + sliding-window mask,
-    and fp16-bit K/V."""
+    fp16-bit K/V, and Gemma 2's soft-capped scores."""
     rng = np.random.default_rng(n)
     n_head, n_head_kv = 6, 2
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
@@ -254,13 +255,17 @@ def test_attention_kernels_against_float64(n, d, n_kv, f16):
                              np.zeros(n, np.int64), n_kv, n_swa=12 if n_kv < 100 else 400)
     if f16:
         k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-        got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
+        got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3,
+                            softcap)
     else:
-        got = ops.attention(q, k, v, mask, 0.3)
+        got = ops.attention(q, k, v, mask, 0.3, softcap)
     want = np.empty((n, n_head, d))
     for h in range(n_head):
         g = h // (n_head // n_head_kv)
-        s = q[:, h].astype(np.float64) @ k[:, g].astype(np.float64).T * 0.3 + mask
+        s = q[:, h].astype(np.float64) @ k[:, g].astype(np.float64).T
+        if softcap:
+            s = np.tanh(s / softcap) * softcap
+        s = s * 0.3 + mask
         p = np.exp(s - s.max(axis=1, keepdims=True))
         want[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, g]
     np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
@@ -287,6 +292,6 @@ def test_unsupported_architecture(tmp_path):
     w.write()
     with GGUFFile.open(path) as f:
         with pytest.raises(UnsupportedArchitectureError, match="unsupported model architecture "
-                           "'mamba'; supported: .*gemma3, llama") as e:
+                           "'mamba'; supported: .*gemma3, .*llama") as e:
             Model.load(f, n_ctx=8)
     assert isinstance(e.value, ValueError)

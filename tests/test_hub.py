@@ -122,11 +122,22 @@ def test_search_filters_gguf_and_sorts(hubsrv):
         hub.search_models(sort="stars")
 
 
+def test_search_results_say_whether_the_engine_runs_them(hubsrv):
+    found = {m.id: m for m in hub.search_models()}
+    assert found["acme/Tiny-GGUF"].architecture == "llama"
+    assert found["acme/Tiny-GGUF"].engine_runs is True  # llama is in the catalog
+    assert found["other/Popular-GGUF"].engine_runs is False  # mamba is not
+    assert found["acme/NoDefault-GGUF"].engine_runs is None  # the Hub gave no summary
+    q = [r for r in hubsrv.requests if r["path"] == "/api/models"][-1]["query"]
+    assert "gguf" in q["expand"]  # asked for, so the Hub includes the summary
+
+
 def test_search_command(hubsrv, capsys):
     assert main(["search", "gguf", "--sort", "likes"]) == 0
     out = capsys.readouterr().out
     assert out.index("acme/NoDefault-GGUF") < out.index("acme/Tiny-GGUF")
     assert "acme/Gated-GGUF" in out and "gated" in out
+    assert "no (mamba)" in out and "runs" in out
     assert main(["search", "tiny", "--json"]) == 0
     assert [m["id"] for m in json.loads(capsys.readouterr().out)] == ["acme/Tiny-GGUF"]
 

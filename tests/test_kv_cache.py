@@ -9,9 +9,9 @@ from llamatui.inference.model import Batch, Model
 from llamatui.inference.quants import dequantize_rows
 
 
-def _cache(n_ctx=16, n_seq_max=3, type_k="f32", type_v="f32", neox=False):
-    rope = [ops.RopeSpec(32, 10000.0, 1.0, neox), ops.RopeSpec(32, 1e6, 0.5, neox)]
-    return KVCache(n_ctx, 2, 2, 32, 32, type_k, type_v, n_seq_max, layer_rope=rope)
+def _cache(n_ctx=16, n_seq_max=3, type_k="f32", type_v="f32", neox=False, rope=None):
+    rope = rope or [ops.RopeSpec(32, 10000.0, 1.0, neox), ops.RopeSpec(32, 1e6, 0.5, neox)]
+    return KVCache(n_ctx, len(rope), 2, 32, 32, type_k, type_v, n_seq_max, layer_rope=rope)
 
 
 def _store(kv, positions, seq):
@@ -93,10 +93,20 @@ def test_seq_add_shifts_positions_and_frees_cells_below_zero():
     assert kv.seq_pos_min(0) == 10 and kv.seq_pos_max(0) == 14
 
 
+def _yarn_and_longrope(neox):
+    """A YaRN layer (4x over 8 positions) and one with LongRoPE-style factors and magnitude."""
+    factors = np.linspace(1.0, 4.0, 16).astype(np.float32)
+    return [ops.RopeSpec(32, 10000.0, 0.25, neox, n_ctx_orig=8, ext_factor=1.0),
+            ops.RopeSpec(32, 10000.0, 1.0, neox, factors, attn_factor=1.2)]
+
+
 @pytest.mark.parametrize("neox", [False, True])
-def test_k_shift_equals_roping_at_the_new_positions(neox):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_k_shift_equals_roping_at_the_new_positions(neox, scaled):
+    """Shifted K is the K roped at the new positions, with YaRN and magnitudes too (these
+    multiply cos and sin: a shift must turn K without scaling it again)."""
     rng = np.random.default_rng(0)
-    kv = _cache(neox=neox)
+    kv = _cache(neox=neox, rope=_yarn_and_longrope(neox) if scaled else None)
     pos = np.arange(10, 18)
     raw_k = [rng.standard_normal((8, 2, 32)).astype(np.float32) for _ in range(2)]
     v = [rng.standard_normal((8, 2, 32)).astype(np.float32) for _ in range(2)]
@@ -109,8 +119,22 @@ def test_k_shift_equals_roping_at_the_new_positions(neox):
     for il in range(2):
         k, vv = kv.read_f32(il, kv.n_kv())
         want = kv.layer_rope[il].apply(raw_k[il].copy(), new_pos)
-        np.testing.assert_allclose(k[cells], want, atol=2e-5)
+        np.testing.assert_allclose(k[cells], want, atol=5e-5)
         np.testing.assert_array_equal(vv[cells], v[il])
+
+
+def test_k_shift_leaves_the_layers_without_rope_alone():
+    """SmolLM3's NoPE layers (a None RoPE spec) keep their K through a shift."""
+    rng = np.random.default_rng(1)
+    kv = _cache(rope=[ops.RopeSpec(32, 10000.0), None])
+    pos = np.arange(6)
+    k = [rng.standard_normal((6, 2, 32)).astype(np.float32) for _ in range(2)]
+    cells = _store(kv, pos, 0)
+    for il in range(2):
+        kv.write(il, cells, k[il], k[il])
+    kv.seq_add(0, 2, -1, 5)
+    np.testing.assert_array_equal(kv.read_f32(1, kv.n_kv())[0][cells], k[1])
+    assert not np.allclose(kv.read_f32(0, kv.n_kv())[0][cells][2:], k[0][2:])
 
 
 def test_unknown_cache_type_and_sequence_ids():

@@ -10,10 +10,10 @@ from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
 from llamatui.models import hub
-from llamatui.models.recommend import (GPU_RESERVE_BYTES, RAM_USABLE_FRACTION,
-                                       ModelShape, assess, estimate,
+from llamatui.inference.cuda.placement import auto_margin
+from llamatui.models.recommend import (RAM_USABLE_FRACTION, ModelShape, assess, estimate,
                                        estimate_file, estimate_hub_info, estimate_remote,
-                                       recommend)
+                                       offload_plan, recommend)
 
 MiB = 1 << 20
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_memory.py"
@@ -111,16 +111,35 @@ def test_labels(smollm2_path):
     assert assess(est, _hw(ram=64 << 30)).label == "fits in RAM"
     assert assess(est, _hw(ram=int(need / RAM_USABLE_FRACTION) - MiB)).label == "too large"
     big_gpu = assess(est, _hw(ram=8 << 30, vram=24 << 30))
-    assert big_gpu.label == "fits in GPU" and big_gpu.gpu_layers == 30
+    # all 30 layers and the output layer, llama.cpp's "offloaded 31/31 layers"
+    assert big_gpu.label == "fits in GPU" and big_gpu.gpu_layers == 31
     assert big_gpu.ram_bytes < need and big_gpu.vram_bytes > est.weights_bytes * 0.9
-    room = GPU_RESERVE_BYTES + est.compute_bytes + sum(est.layer_bytes(il)
-                                                        for il in range(20, 30)) + 1000
+    # -ngl auto keeps the margin free, then takes the output layer and the last layers
+    room = auto_margin(est.gpu_work_bytes) + est.shape.output_bytes + sum(
+        est.layer_bytes(il) for il in range(21, 30)) + 1000
     partial = assess(est, _hw(ram=8 << 30, vram=room))
     assert partial.kind == "partial" and partial.label == "partial GPU offload (10 layers)"
     assert partial.ram_bytes < need
-    tiny_gpu = assess(est, _hw(ram=8 << 30, vram=GPU_RESERVE_BYTES + MiB))
+    assert offload_plan(est, [room]).n_gpu_layers == 10
+    tiny_gpu = assess(est, _hw(ram=8 << 30, vram=auto_margin(est.gpu_work_bytes) + MiB))
     assert tiny_gpu.label == "fits in RAM"
     assert assess(est, _hw(ram=1 << 20, vram=room)).label == "too large"
+
+
+def test_gpu_label_is_the_loaders_plan(smollm2_path):
+    """The recommender's label and -ngl auto plan with the same sizes: the engine's own count of
+    layer, output and KV bytes for the file."""
+    from llamatui.inference.catalog import get_arch
+    from llamatui.inference.cuda.offload import model_sizes, work_bytes
+    from llamatui.inference.gguf import GGUFFile
+    from llamatui.inference.hparams import read_hparams
+    est = estimate_file(smollm2_path, n_ctx=2048)
+    with GGUFFile.open(smollm2_path) as g:
+        hp = read_hparams(g, get_arch("llama"))
+        layers, output, kv = model_sizes(g, hp, 2048, "f16", "f16")
+        assert work_bytes(g, hp, 2048, est.n_ubatch) == est.gpu_work_bytes
+    assert (layers, output) == (est.shape.layer_bytes, est.shape.output_bytes)
+    assert kv == [est.layer_bytes(il) - layers[il] for il in range(hp.n_layer)]
 
 
 def test_recommend_picks_the_best_that_fits(hub_server):

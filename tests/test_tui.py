@@ -5,21 +5,28 @@ loaded for the whole session and lent to each app instance (tui_helpers.SharedLo
 in the first-run test, which loads it the way the app does.
 """
 import asyncio
+import ctypes
+import threading
+import time
+from dataclasses import replace
 
 import pytest
 from textual.command import CommandList
-from textual.widgets import Input, Markdown, OptionList, TextArea
+from textual.geometry import Region
+from textual.widgets import Footer, Input, Label, Markdown, OptionList, TextArea
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
 from llamatui.app.tui import EngineLoader, LlamaTUI
-from llamatui.app.tui_chat import CHAT_ACTIONS, ChatScreen
+from llamatui.app.tui_chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_READY,
+                                   READING_FIRST_PROMPT, READING_PROMPT, ChatScreen)
 from llamatui.app.tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
                                      ExportModal, HelpScreen, SettingsModal, WelcomeScreen)
-from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage
+from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage, model_display_name
 from llamatui.models import store as model_store
 
-from tui_helpers import (FAST, SIZE, SharedLoader, engine_ready, fake_pip_download_from,
-                         make_app, reply_finished, seed_chat, wait_for)
+from tui_helpers import (FAST, SIZE, GatedLoader, SharedLoader, engine_ready,
+                         fake_pip_download_from, make_app, reply_finished, seed_chat, wait_for,
+                         with_chat_template)
 
 
 def run(coro):
@@ -534,7 +541,8 @@ def test_every_action_has_a_key_a_palette_entry_and_help(home, smollm2_path):
             palette = {c.title for c in app.get_system_commands(chat)}
             help_rows = {name for _, name, _ in app.help_keys()}
             for key, action, label, title, _ in CHAT_ACTIONS:
-                assert keys[action].key == key and keys[action].show, action
+                assert keys[action].key == key, action
+                assert keys[action].show == (action not in NOT_IN_FOOTER), action
                 assert title in palette and title in help_rows, action
             await pilot.press("f1")
             assert isinstance(app.screen, HelpScreen)
@@ -578,3 +586,245 @@ def test_llamatui_without_a_command_opens_the_app(monkeypatch):
     assert cli.main([]) == 0
     assert cli.main(["-m", "some.gguf"]) == 0
     assert calls == [None, "some.gguf"]
+
+
+# ------------------------------------------------------------------------------------------
+# what a newcomer meets first
+
+
+def test_welcome_says_which_starter_is_a_base_model(home):
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE):
+            await wait_for(lambda: isinstance(app.screen, WelcomeScreen), 10, "the welcome")
+            options = app.screen.query_one("#model-options", OptionList)
+            return {o.id: str(o.prompt) for o in options.options}
+
+    shown = run(go())
+    assert "A base model: it continues your text" in shown["starter:gemma3-270m"]
+    assert "base model" not in shown["starter:smollm2-135m"]
+
+
+@pytest.mark.parametrize("file_name, general_name, shown", [
+    # the starter catalogue's titles, without the quantization
+    ("SmolLM2-135M-Instruct.Q4_1.gguf", "Smollm2 135M 8k Lc100K Mix1 Ep2",
+     "SmolLM2 135M Instruct"),
+    ("gemma-3-270m-q4_k_m.gguf", "Gemma 3 270m", "Gemma 3 270M"),
+    # a file name its uploader capitalised, without quantization and shard number
+    ("Qwen2.5-0.5B-Instruct-Q4_K_M.gguf", "Qwen2.5 0.5B Instruct", "Qwen2.5 0.5B Instruct"),
+    ("Meta-Llama-3.1-8B-Instruct-Q4_K_M-00001-of-00002.gguf", None,
+     "Meta Llama 3.1 8B Instruct"),
+    # else general.name, else the file's name
+    ("tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf", "TinyLlama 1.1B Chat v1.0",
+     "TinyLlama 1.1B Chat v1.0"),
+    ("model.gguf", None, "model"),
+])
+def test_model_display_names(file_name, general_name, shown):
+    assert model_display_name(f"/models/{file_name}", general_name) == shown
+
+
+def test_the_model_is_called_by_a_readable_name(home, smollm2_path):
+    set_defaults(home)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            assert chat.engine.info.name == "Smollm2 135M 8k Lc100K Mix1 Ep2"  # the metadata's
+            assert "Chat with SmolLM2 135M Instruct." in str(
+                chat.query_one("#empty-hint").render())
+            assert chat.panel.model_name == "SmolLM2 135M Instruct"
+            await type_and_send(pilot, "Hi")
+            await reply_finished(app, 0)
+            reply = chat.query(ChatMessage).last()
+            assert str(reply.query_one(".author", Label).render()) == "SmolLM2 135M Instruct"
+            return chat.messages[-1].stats["model"]
+
+    assert run(go()) == "SmolLM2 135M Instruct"  # what a restored chat shows
+
+
+def shown_lines(message: ChatMessage) -> list[list[str]]:
+    """The lines each paragraph of a message shows on screen."""
+    return [[strip.text.rstrip() for strip in p.render_lines(Region(0, 0, *p.size))]
+            for p in message.markdown.query("MarkdownParagraph")]
+
+
+def test_single_line_breaks_are_shown_as_breaks(home, smollm2_path):
+    """A poem keeps its lines, as chat apps show them (CommonMark would join them)."""
+    poem = "Roses are red,\nViolets are blue,\nSugar is sweet,\nAnd so are you."
+    seed_chat(home, str(smollm2_path), title="A poem", messages=[
+        ("user", "Write a poem.\nA short one.", None, {}),
+        ("assistant", poem, "eog", {"n_generated": 20, "model": "SmolLM2 135M Instruct"})])
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            user, reply = app.chat.query(ChatMessage)
+            assert shown_lines(reply) == [poem.splitlines()]
+            assert shown_lines(user) == [["Write a poem.", "A short one."]]
+            # a reply being written is parsed the same way
+            live = ChatMessage("assistant", "")
+            await app.chat.log_view.mount(live)
+            stream = live.markdown.get_stream(live.markdown)
+            for piece in ("Roses are", " red,\nViolets", " are blue.\n\nThe", " end."):
+                await stream.write(piece)
+            await stream.stop()
+            await pilot.pause()
+            assert shown_lines(live) == [["Roses are red,", "Violets are blue."], ["The end."]]
+    run(go())
+
+
+def test_footer_labels_are_separated(home, smollm2_path):
+    set_defaults(home)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await pilot.pause()
+            keys = sorted(app.chat.query_one(Footer).query("FooterKey"),
+                          key=lambda k: k.region.x)
+            shown = [(k.key, k.description) for k in keys if k.region.width]
+            gaps = [b.region.x - a.region.right for a, b in zip(keys, keys[1:])]
+            return shown, gaps
+
+    shown, gaps = run(go())
+    assert all(gap >= 1 for gap in gaps), (shown, gaps)  # never "Copy^s Settings"
+    assert all(label for _, label in shown)  # each key with its own label, no "^y^b Copy"
+    assert ("f3", "Models") in shown and ("f1", "Help") in shown
+
+
+def test_first_reply_says_kernels_compile(home, smollm2_path):
+    set_defaults(home)
+    gate = threading.Event()  # replies wait here, so the test sees them before the prompt
+    PROMPT_KERNELS_READY.clear()  # as in a process that has not read a prompt yet
+
+    async def go():
+        app = make_app(model=str(smollm2_path), engine_loader=GatedLoader(gate))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            await type_and_send(pilot, "Hi")
+            await pilot.pause()
+            label = chat.reply.widget.query_one(".meta", Label)
+            shown = " ".join(strip.text.strip()
+                             for strip in label.render_lines(Region(0, 0, *label.size)))
+            assert shown == READING_FIRST_PROMPT  # all of it, wrapped in the message column
+            assert label.size.width <= label.parent.content_size.width
+            assert "first run compiles kernels" in shown
+            gate.set()
+            await reply_finished(app, 0)
+            gate.clear()
+            await type_and_send(pilot, "And again?")
+            second = str(chat.reply.widget.query_one(".meta", Label).render())
+            gate.set()
+            await reply_finished(app, 1)
+            return second
+
+    assert run(go()) == READING_PROMPT
+
+
+# ------------------------------------------------------------------------------------------
+# a chat template that fails or never ends
+
+# 10^10 loop steps: Jinja renders this for hours, and no cancel reaches a render
+HOSTILE_TEMPLATE = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                    "{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def hostile_model(smollm2_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile") / "Hostile-135M.Q4_1.gguf"
+    return with_chat_template(smollm2_path, out, HOSTILE_TEMPLATE)
+
+
+def end_threads_left_rendering(threads) -> None:
+    """Test hygiene: ends the generation threads a test left in a template render (Python code,
+    so an exception raised in the thread ends it), rather than share the CPU with them for the
+    rest of the session. The app itself never needs this: it does not wait for them."""
+    for thread in threads:
+        if thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                      ctypes.py_object(SystemExit))
+
+
+def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model):
+    set_defaults(home)
+    before = set(threading.enumerate())
+
+    async def go():
+        app = make_app(model=str(hostile_model))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            await type_and_send(pilot, "Hello")
+            await pilot.pause(0.3)
+            assert chat.reply is not None and chat.reply.last_event is None  # rendering
+            await pilot.press("escape")
+            await wait_for(lambda: chat.reply is None, 3, "the stop")
+            assert chat.panel.status == "Idle (stopped)"
+            assert [m.role for m in chat.messages] == ["user"]  # nothing written, none kept
+            assert [w.role for w in chat.query(ChatMessage)] == ["user"]
+            # the chat still takes messages; quit while the next one's template renders
+            assert await chat.send("Hello again")
+            await pilot.pause(0.3)
+            assert chat.reply is not None and chat.reply.last_event is None
+            t0 = time.monotonic()
+            await pilot.press("ctrl+q")
+        return t0
+
+    try:
+        t0 = run(go())
+        quit_took = time.monotonic() - t0
+    finally:
+        end_threads_left_rendering(set(threading.enumerate()) - before)
+    assert quit_took < 5  # the engine's stuck thread is left behind, not waited for
+    (msgs,) = saved(home).values()
+    assert msgs == [("user", "Hello", None), ("user", "Hello again", None)]
+
+
+def test_a_failing_chat_template_is_a_dialog(home, smollm2_path, tmp_path):
+    set_defaults(home)
+    model = with_chat_template(smollm2_path, tmp_path / "Refuses-135M.Q4_1.gguf",
+                               "{{ raise_exception('this template refuses every chat') }}")
+
+    async def go():
+        app = make_app(model=str(model))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Hello")
+            await wait_for(lambda: isinstance(app.screen, ErrorModal), 10, "the dialog")
+            dialog = app.screen
+            await pilot.press("escape")
+            assert app.screen is app.chat and app.chat.reply is None
+            return dialog.title_text, dialog.message, [m.role for m in app.chat.messages]
+
+    title, message, roles = run(go())
+    assert title == "Chat template failed" and "refuses every chat" in message
+    assert "Refuses-135M.Q4_1.gguf" in message and roles == ["user"]
+
+
+def test_the_chat_template_setting_speaks_to_the_model_in_that_template(home, smollm2_path):
+    set_defaults(home, replace(FAST, chat_template="chatml"))
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Name a fruit.")
+            await reply_finished(app, 0)
+            template = app.chat.engine.template
+            return template.name, app.chat.query(ChatMessage).last().markdown.source
+
+    name, reply = run(go())
+    assert name == "chatml"
+    history = [{"role": "user", "content": "Name a fruit."}]
+    engine = SharedLoader().load(str(smollm2_path), FAST.n_ctx, lambda *a: None)
+    engine.set_chat_template("chatml")
+    try:
+        expected = "".join(e.text for e in engine.generate(history, **FAST.sampling()))
+    finally:
+        engine.set_chat_template(None)
+    assert reply == expected

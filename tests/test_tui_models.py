@@ -1,7 +1,7 @@
-"""The model manager (F3) and hardware (F4) screens, driven through Pilot against the stand-in
-Hub (tests/hub_server.py), with LLAMATUI_HOME in a temporary folder and hardware.detect fixed.
-No model is run: the app's engine loader is a stand-in that returns a fake engine at once (or,
-for snapshots, never), so these tests take seconds."""
+"""The model manager (F3, F5-F7) and hardware (F4) screens, driven through Pilot against the
+stand-in Hub (tests/hub_server.py), with LLAMATUI_HOME in a temporary folder and
+hardware.detect fixed. No model is run: the app's engine loader is a stand-in that returns a
+fake engine at once (or, for snapshots, never), so these tests take seconds."""
 import asyncio
 import pathlib
 import threading
@@ -10,10 +10,15 @@ import types
 import pytest
 from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 
+from textual.binding import Binding
+
 from llamatui.app.tui import EngineLoader, LlamaTUI
+from llamatui.app.tui_chat import CHAT_ACTIONS, ChatScreen
 from llamatui.app.tui_hardware import HardwareScreen
+from llamatui.app.tui_keys import APP_ACTIONS, key_label
 from llamatui.app.tui_models import ModelsScreen
-from llamatui.app.tui_modals import ConfirmModal, ErrorModal, HelpScreen
+from llamatui.app.tui_modals import (ConfirmModal, ErrorModal, HelpScreen, ModelsModal,
+                                     SettingsModal, WelcomeScreen)
 from llamatui.models import hardware as model_hardware
 from llamatui.models import store as model_store
 from llamatui.models.hardware import GPUInfo, HardwareInfo
@@ -43,15 +48,17 @@ def run(coro):
 class FakeLoader(EngineLoader):
     """An engine that is 'loaded' at once: enough for the chat panel, nothing generates."""
 
-    def __init__(self):
+    def __init__(self, chat_template: bool = True):
         self.loaded = []
+        self.chat_template = chat_template
 
     def load(self, path, n_ctx, progress):
         self.loaded.append(path)
         info = types.SimpleNamespace(name=pathlib.Path(path).stem, path=path,
                                      architecture="llama", n_layer=2, quantization="Q4_K_M",
                                      file_bytes=1, n_params=1, n_ctx=n_ctx, n_ctx_train=4096,
-                                     kv_bytes=1 << 20, cache_type_k="f16", cache_type_v="f16")
+                                     kv_bytes=1 << 20, cache_type_k="f16", cache_type_v="f16",
+                                     has_chat_template=self.chat_template)
         return types.SimpleNamespace(info=info, close=lambda: None, cancel=lambda: None)
 
     def release(self, engine):
@@ -133,7 +140,7 @@ def test_search_and_open_a_repo_with_fit_badges(home):
         app = make()
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot)
-            await pilot.press("f3")  # the Search tab
+            await pilot.press("f6")  # the Search tab
             await pilot.pause()
             assert screen.tab == "search" and screen.focused.id == "search-input"
             await pilot.press(*"gguf", "enter")
@@ -302,12 +309,115 @@ def test_manager_and_hardware_reach_each_other(home):
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("f4")
             await wait_for(lambda: isinstance(app.screen, HardwareScreen), 10, "hardware")
-            await app._chat_action("model_manager")
+            await pilot.press("f3")
             await pilot.pause()
-            assert isinstance(app.screen, ModelsScreen)
-            await pilot.press("f6")  # and the hardware screen from there
-            await wait_for(lambda: isinstance(app.screen, HardwareScreen), 10, "hardware")
+            assert isinstance(app.screen, ModelsScreen) and app.screen.tab == "local"
+            await pilot.press("f4")  # back to the hardware screen, not a second one on top
+            await pilot.pause()
+            assert isinstance(app.screen, HardwareScreen)
+            assert sum(isinstance(s, (HardwareScreen, ModelsScreen))
+                       for s in app.screen_stack) == 1
     run(go())
+
+
+async def press_f5_opens_downloads(pilot, where: str) -> None:
+    app = pilot.app
+    await pilot.press("f5")
+    await pilot.pause()
+    manager = app.models_screen
+    assert app.screen is manager and manager.tab == "downloads", where
+    assert app.focused is not None and manager in app.focused.ancestors_with_self, where
+    assert app.screen_stack.count(manager) == 1, where
+
+
+def test_f5_opens_downloads_from_every_screen_and_tab(home):
+    add_store_model(home)  # the app opens on the chat screen
+
+    async def go():
+        app = make()
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(lambda: app.chat.engine is not None, 10, "the (fake) engine")
+            await press_f5_opens_downloads(pilot, "the chat")
+            for key, tab in (("f3", "local"), ("f6", "search"), ("f7", "files")):
+                await pilot.press(key)
+                await pilot.pause()
+                assert app.screen.tab == tab
+                await press_f5_opens_downloads(pilot, f"the {tab} tab")
+            await pilot.press("f4")
+            await wait_for(lambda: isinstance(app.screen, HardwareScreen), 10, "hardware")
+            await press_f5_opens_downloads(pilot, "the hardware screen")
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.screen is app.chat
+            for key, dialog in (("f1", HelpScreen), ("ctrl+s", SettingsModal)):
+                await pilot.press(key)
+                await pilot.pause()
+                assert isinstance(app.screen, dialog)
+                await press_f5_opens_downloads(pilot, dialog.__name__)
+                await pilot.press("escape")  # back to the dialog, then to the chat
+                await pilot.pause()
+                assert isinstance(app.screen, dialog)
+                await pilot.press("escape")
+                await pilot.pause()
+    run(go())
+
+    async def first_run():  # no model yet: the welcome screen
+        app = make()
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(lambda: isinstance(app.screen, WelcomeScreen), 10, "the welcome")
+            await press_f5_opens_downloads(pilot, "the welcome screen")
+            await pilot.press("escape")
+            await pilot.pause()
+            assert isinstance(app.screen, WelcomeScreen)
+    for path in (home / "models").iterdir():
+        path.unlink()
+    run(first_run())
+
+
+def test_screen_keys_mean_the_same_everywhere(home):
+    """One table (tui_keys.APP_ACTIONS) drives the app's F-keys, the footers that show them,
+    the command palette and the help screen; no screen binds those keys to anything else."""
+    screens = [ChatScreen, ModelsScreen, HardwareScreen, WelcomeScreen, HelpScreen,
+               SettingsModal, ModelsModal, ConfirmModal, ErrorModal]
+    app_keys = {key: action for key, action, _, _, _ in APP_ACTIONS}
+    assert {b.key: b.action for b in LlamaTUI.BINDINGS if b.key in app_keys} == app_keys
+    for screen in screens:
+        for b in screen.BINDINGS:
+            b = b if isinstance(b, Binding) else Binding(*b)
+            for key in b.key.split(","):
+                if key in app_keys:
+                    assert b.action == f"app.{app_keys[key]}", (screen.__name__, key)
+    chat_keys = {key for key, _, _, _, _ in CHAT_ACTIONS}
+    assert not chat_keys & set(app_keys)
+
+    async def go():
+        app = make()
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            help_rows = {(key, title) for key, title, _ in app.help_keys()}
+            palette = {c.title: c.help for c in app.get_system_commands(app.screen)}
+            for key, _, _, title, _ in APP_ACTIONS:
+                assert (key_label(key), title) in help_rows
+                assert palette[title].endswith(f"({key_label(key)})")
+            assert [(k, t) for k, t, _ in app.help_keys() if k == "F5"] == [("F5", "Downloads")]
+    run(go())
+
+
+def test_the_chat_warns_about_base_models(home):
+    async def hint(model_file, loader):
+        add_store_model(home, name=model_file)
+        app = make(loader)
+        async with app.run_test(size=SIZE):
+            await wait_for(lambda: app.chat.engine is not None, 10, "the (fake) engine")
+            text = str(app.chat.query_one("#empty-hint").render())
+        (home / "models" / model_file).unlink()
+        return text
+
+    gemma = model_store.STARTER_MODELS["gemma3-270m"].filename  # the catalogue says it
+    assert "Gemma 3 270M is a base model: it continues your text" in run(hint(gemma, FakeLoader()))
+    assert "has no chat template, so it may be a base model" in run(
+        hint("Local-Q4_K_M.gguf", FakeLoader(chat_template=False)))
+    assert "base model" not in run(hint("Local-Q4_K_M.gguf", FakeLoader()))
 
 
 # ------------------------------------------------------------------------------------------
@@ -360,6 +470,31 @@ def test_snapshot_models_repo_files(snap_compare, home, monkeypatch):
         steady(pilot.app)
 
     assert snap_compare(snap_app(), terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_hardware_detecting(snap_compare, home, monkeypatch):
+    """The first display, while detection runs: no header-only table whose columns would jump
+    when the rows come."""
+    gate = threading.Event()
+
+    def slow_detect(*args, **kwargs):
+        gate.wait(20)
+        return FIXED_HW
+    monkeypatch.setattr(model_hardware, "detect", slow_detect)
+    app = snap_app()
+    exit_app = app.exit
+
+    def exit(*args, **kwargs):  # the detection worker is joined on exit: let it finish
+        gate.set()
+        return exit_app(*args, **kwargs)
+    app.exit = exit
+
+    async def before(pilot):
+        await pilot.press("f4")
+        await wait_for(lambda: isinstance(pilot.app.screen, HardwareScreen), 10, "hardware")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
 
 def test_snapshot_hardware(snap_compare, home):

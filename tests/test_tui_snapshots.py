@@ -106,9 +106,11 @@ def test_welcome_fetching(snap_compare, home, monkeypatch):
 
 def test_chat_loading_the_model(snap_compare, home, smollm2_path):
     gate = threading.Event()
+    shown = threading.Event()  # the progress bar is on screen: it rounds to its width then
 
     class Slow(SharedLoader):
         def load(self, path, n_ctx, progress):
+            shown.wait(10)
             for i, stage in enumerate(("Opening model", "Loading tokenizer", "Loading weights")):
                 progress(stage, i, 3)
             progress(WARMUP_STAGE, 2, 3)
@@ -118,6 +120,8 @@ def test_chat_loading_the_model(snap_compare, home, smollm2_path):
     async def before(pilot):
         panel = pilot.app.chat.panel
         bar = panel.query_one("#load-progress")
+        await wait_for(lambda: bar.query_one("Bar").size.width > 0, 10, "the progress bar")
+        shown.set()
         await wait_for(lambda: panel.stages_seen[-1:] == [WARMUP_STAGE] and bar.progress == 2,
                        10, "the warm-up stage")
         await pilot.pause(0.2)

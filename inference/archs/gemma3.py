@@ -32,12 +32,12 @@ class Gemma3(Transformer):
             hp.attn_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head)
         else:
             hp.attn_scale = 1.0 / math.sqrt(hp.head_dim_k)
+        hp.final_logit_softcap = meta.float("final_logit_softcapping", 0.0, lo=0.0, hi=1e6)
         if hp.n_swa > 0:  # llama.cpp's sliding-window build does not cap the final logits
             hp.final_logit_softcap = 0.0
 
-    def embed(self, ctx, w):
-        be = ctx.backend(-1)
-        return be.scale(be.get_rows(w.tok_embd, ctx.tokens), math.sqrt(ctx.hp.n_embd))
+    def embedding_scale(self, hp):
+        return math.sqrt(hp.n_embd)
 
 
 ARCH = Gemma3()

@@ -6,7 +6,11 @@ computes what `ops.attention` computes with the mask of `ops.build_kq_mask`: tok
 head h attends the cells j < n_kv that hold a position of the token's sequence not after its
 own (and, with a sliding window n_swa > 0, less than n_swa before it), through KV head
 h // (n_head / n_head_kv). The mask is built in the kernel from the cells' positions and
-sequences, so nothing of size n_tok x n_kv is uploaded per step.
+sequences, so nothing of size n_tok x n_kv is uploaded per step. The number of cells n_kv is
+read from device memory, not passed as a launch argument, so that a CUDA graph captured once
+serves every later step (llama.cpp updates its graphs' kernel parameters instead). softcap > 0
+soft-caps each score q·k to tanh(q·k / softcap) · softcap before the scale (Gemma 2's attention
+logit soft-capping, as ggml's flash-attention kernels take it).
 
 One thread block per (query head, token), as ggml's flash_attn_ext_vec (ggml-cuda/fattn-vec.cuh)
 does for decoding: the cells go by in tiles of one cell per thread. A thread computes its
@@ -24,8 +28,8 @@ import numpy as np
 from numba import cuda, types
 
 from .dequant import CHUNK, DEVICE_TYPES
-from .device import (NEG_INF, SIMULATED, ZERO, bits_f32, block_max, block_sum, device_function,
-                     half_at, i8_at, u32_at)
+from .device import (NEG_INF, ONE, SIMULATED, ZERO, bits_f32, block_max, block_sum,
+                     device_function, half_at, i8_at, u32_at)
 
 # the KV cache's storage types (kv_cache.CACHE_TYPES), as ggml type names
 KV_TYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}
@@ -70,8 +74,8 @@ def _make_attention_kernel(k_type: str, v_type: str):
     v_value = _VALUE_READERS[v_type]
 
     @cuda.jit
-    def attention_kernel(q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, n_swa, n_kv,
-                         scale, out):
+    def attention_kernel(q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
+                         n_kv_buf, scale, softcap, out):
         q_row = cuda.shared.array(MAX_HEAD_DIM, np.float32)
         p = cuda.shared.array(TILE, np.float32)
         scratch = cuda.shared.array(32, np.float32)
@@ -81,6 +85,7 @@ def _make_attention_kernel(k_type: str, v_type: str):
         n_head, d_k = q.shape[1], q.shape[2]
         d_v = out.shape[2]
         g = h // (n_head // n_head_kv)
+        n_kv = n_kv_buf[0]
         for c in range(tid, d_k, TILE):
             q_row[c] = q[t, h, c]
         cuda.syncthreads()
@@ -103,6 +108,8 @@ def _make_attention_kernel(k_type: str, v_type: str):
                     k_decoder(k, j, (ci // k_cpb) * k_block_bytes, ci % k_cpb, vals)
                     for e in range(CHUNK):
                         dot += q_row[CHUNK * kc + e] * vals[e]
+                if softcap > ZERO:
+                    dot = math.tanh(dot * (ONE / softcap)) * softcap
                 s = dot * scale
             m_new = max(m, block_max(s, scratch))
             if m_new == NEG_INF:  # nothing visible yet (the same in every thread)
@@ -152,16 +159,22 @@ def kv_row_bytes(cache_type: str, n_values: int) -> int:
 
 
 def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_seq, tok_pos,
-              tok_seq, n_swa: int, scale: float, out, n_kv: int | None = None, stream=0):
+              tok_seq, n_swa: int, scale: float, out, n_kv=None, stream=0,
+              softcap: float = 0.0):
     """softmax(q·kᵀ·scale + mask)·v over cells [0, n_kv) into out.
 
     q: float32 (n_tok, n_head, d_k); k, v: the cache's rows as bytes, uint8 (n_cells, row_bytes)
     of type k_type / v_type ('f32', 'f16', 'q8_0'; a numpy view `.view(np.uint8)` of the CPU
     cache's arrays); cell_pos int32 (n_cells,) (-1 = empty), cell_seq bool (n_cells, n_seq);
-    tok_pos, tok_seq integer (n_tok,); out: float32 (n_tok, n_head, d_v), written. Returns out.
+    tok_pos, tok_seq integer (n_tok,); n_kv: the cells to look at, an int (None: all), or an
+    int32 device array of one value (then at most n_cells, not checked here: it stays on the
+    device); out: float32 (n_tok, n_head, d_v), written. Returns out.
     """
     n_tok, n_head, d_k = q.shape
     d_v = out.shape[2]
+    n_kv_buf = None
+    if n_kv is not None and not isinstance(n_kv, (int, np.integer)):
+        n_kv_buf, n_kv = n_kv, 0
     n_kv = int(cell_pos.shape[0] if n_kv is None else n_kv)
     if q.dtype != np.float32 or out.dtype != np.float32:
         raise ValueError(f"attention: q and out must be float32, got {q.dtype}, {out.dtype}")
@@ -181,8 +194,12 @@ def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_
             or tuple(tok_seq.shape) != (n_tok,) or n_kv > cell_seq.shape[0]:
         raise ValueError(f"attention: q {tuple(q.shape)}, out {tuple(out.shape)}, "
                          f"{tuple(tok_pos.shape)} token positions, {n_kv} cells")
-    if n_tok and n_kv:
+    if n_kv_buf is None:
+        if not n_kv:
+            return out
+        n_kv_buf = np.array([n_kv], np.int32)
+    if n_tok:
         attention_kernel(k_type, v_type)[(n_head, n_tok), TILE, stream](
-            q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(n_swa), n_kv,
-            np.float32(scale), out)
+            q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(n_swa), n_kv_buf,
+            np.float32(scale), np.float32(softcap), out)
     return out

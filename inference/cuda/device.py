@@ -10,6 +10,9 @@ they all live here:
   through shared memory between two block barriers. The emulation needs every thread of the block
   to call it (the GPU only needs the warp), so kernels call the reductions unconditionally.
   `thread_rank`, `block_threads` and `barrier` let the block reductions be written once.
+  Warp reductions (`lanes_sum`, `lanes_max`) are the simulator's slowest part, so there they
+  are one exchange instead of five: each lane reads its group's values and combines them in the
+  butterfly's order, which gives what the shuffles give.
 - `mul_rn`: a float32 product that is never fused into a multiply-add. NVVM contracts `a * b + c`
   into an FMA even without fastmath; ggml's CPU dequantization rounds the product first, and
   dequantization here must match it bit for bit.
@@ -46,7 +49,37 @@ if SIMULATED:
     # once, one thread's restore can pull the fake module from under another. So no device
     # function here uses the `cuda` global under the simulator: the block-level intrinsics go
     # through the launch's context object directly.
+    import sys
+    import threading
+
+    from numba.core import types as numba_types
     from numba.cuda.simulator.kernel import _get_kernel_context
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+
+    _shared_lock = threading.Lock()
+
+    def _shared_array(self, shape, dtype):
+        """The simulator's `cuda.shared.array`, made safe and fast: it finds a block's array by
+        the line that allocates it, but two threads reaching that line first could each make
+        their own (and the block's threads then disagree on what is in shared memory: NaNs),
+        and it walked the whole stack, with source lines, on every call."""
+        if shape == 0:
+            return _simulator_shared_array(self, shape, dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        found = self._allocations.get(caller)
+        if found is None:
+            with _shared_lock:
+                found = self._allocations.get(caller)
+                if found is None:
+                    if isinstance(dtype, numba_types.Type):
+                        dtype = numpy_support.as_dtype(dtype)
+                    found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+
+    _simulator_shared_array = FakeCUDAShared.array
+    FakeCUDAShared.array = _shared_array
 
     def thread_rank():
         """The thread's index within its block (x fastest)."""
@@ -126,20 +159,62 @@ else:
         return libdevice.int_as_float(np.int32(bits & 0xFFFFFFFF))
 
 
+if SIMULATED:
+    def _butterfly(value, width, combine):
+        """What `width` lanes hold after an xor-shuffle butterfly with `combine`, in one exchange
+        through shared memory: lane i combines with lane i ^ m for m = width/2, ..., 1."""
+        rank = thread_rank()
+        slots = _get_kernel_context().shared.array(_MAX_BLOCK_THREADS, np.float32)
+        barrier()
+        slots[rank] = value
+        barrier()
+        base = rank - rank % width
+        values = [slots[base + i] for i in range(width)]
+        mask = width // 2
+        while mask:
+            values = [combine(values[i], values[i ^ mask]) for i in range(width)]
+            mask //= 2
+        return values[rank - base]
+
+    def lanes_sum(value, width):
+        """The float32 sum over each group of `width` lanes (a power of two up to 32), in every
+        lane of the group (ggml-cuda common.cuh warp_reduce_sum<width>)."""
+        return _butterfly(np.float32(value), width, lambda a, b: a + b)
+
+    def lanes_max(value, width):
+        """The maximum over each group of `width` lanes, in every lane of the group."""
+        return _butterfly(np.float32(value), width, max)
+else:
+    @cuda.jit(device=True)
+    def lanes_sum(value, width):
+        """The float32 sum over each group of `width` lanes (a power of two up to 32), in every
+        lane of the group (ggml-cuda common.cuh warp_reduce_sum<width>)."""
+        lane_mask = width // 2
+        while lane_mask > 0:
+            value += shfl_xor_f32(value, lane_mask)
+            lane_mask //= 2
+        return value
+
+    @cuda.jit(device=True)
+    def lanes_max(value, width):
+        """The maximum over each group of `width` lanes, in every lane of the group."""
+        lane_mask = width // 2
+        while lane_mask > 0:
+            value = max(value, shfl_xor_f32(value, lane_mask))
+            lane_mask //= 2
+        return value
+
+
 @device_function
 def warp_sum(value):
     """The float32 sum over the warp, in every lane (ggml-cuda common.cuh warp_reduce_sum)."""
-    for lane_mask in (16, 8, 4, 2, 1):
-        value += shfl_xor_f32(value, lane_mask)
-    return value
+    return lanes_sum(value, WARP)
 
 
 @device_function
 def warp_max(value):
     """The maximum over the warp, in every lane (ggml's warp_reduce_max)."""
-    for lane_mask in (16, 8, 4, 2, 1):
-        value = max(value, shfl_xor_f32(value, lane_mask))
-    return value
+    return lanes_max(value, WARP)
 
 
 @device_function

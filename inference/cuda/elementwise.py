@@ -4,9 +4,10 @@ Each kernel computes what its CPU twin in `llamatui.inference.ops` computes, in 
 - `rms_norm`: y = x / sqrt(mean(x²) + eps) * w, one block per row (ggml-cuda/norm.cu
   rms_norm_f32); the sum of squares is a float32 tree sum (the CPU sums in float64).
 - `rope`: NORM (pairs 2i, 2i+1) or NEOX (pairs i, i + n_dims/2) rotation in place, with
-  frequency factors (ggml-cuda/rope.cu rope_norm / rope_neox). The angle is built as ggml's CPU
-  rope cache builds it, `theta = pos` multiplied by theta_scale once per pair, so the angles are
-  bit for bit the CPU's (rope.cu's powf gives slightly different ones at long positions).
+  frequency factors and YaRN (ggml-cuda/rope.cu rope_norm / rope_neox, rope_yarn). The angle is
+  built as ggml's CPU rope cache builds it, `theta = pos` multiplied by theta_scale once per
+  pair, so the angles are bit for bit the CPU's (rope.cu's powf gives slightly different ones at
+  long positions).
 - `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit ops.geglu.
@@ -25,8 +26,8 @@ from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half
                      shfl_xor_i32)
 
 # threads per block; the simulator runs each thread as a Python thread and each barrier as a
-# polling round over them, so it gets 2 warps (the kernels take any whole number of warps)
-NORM_THREADS = 64 if SIMULATED else 256
+# polling round over them, so it gets one warp (the kernels take any whole number of warps)
+NORM_THREADS = 32 if SIMULATED else 256
 ELEMENT_THREADS = 256
 ARGMAX_THREADS = 64 if SIMULATED else 1024
 _TEN = np.float32(10.0)
@@ -76,8 +77,10 @@ def rms_norm(x, w, eps: float, out, stream=0):
 
 
 @cuda.jit
-def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox):
-    """Rotates pair i of head h of token t (one thread each) by freq_scale * theta / ff[i]."""
+def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, corr_lo, corr_hi,
+                ext_factor, mscale):
+    """Rotates pair i of head h of token t (one thread each) by freq_scale * theta / ff[i]
+    (YaRN's ramp back to theta / ff[i] when ext_factor is set), cos and sin times mscale."""
     k = cuda.grid(1)
     n_tok, n_head, _ = x.shape
     half = n_dims // 2
@@ -89,9 +92,15 @@ def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox):
     theta = np.float32(pos[t])
     for _ in range(i):  # the CPU's rope cache: theta_scale applied once per pair
         theta = theta * theta_scale
-    angle = freq_scale * (theta / freq_factors[i])
-    c = math.cos(angle)
-    s = math.sin(angle)
+    extrap = theta / freq_factors[i]
+    angle = freq_scale * extrap
+    if ext_factor != 0:  # ops.rope_tables' YaRN mix, in the same float32 steps
+        one = np.float32(1.0)
+        y = (np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo)
+        mix = (one - min(one, max(np.float32(0.0), y))) * ext_factor
+        angle = angle * (one - mix) + extrap * mix
+    c = math.cos(angle) * mscale
+    s = math.sin(angle) * mscale
     if neox:
         j0 = i
         j1 = i + half
@@ -102,11 +111,6 @@ def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox):
     x1 = x[t, h, j1]
     x[t, h, j0] = x0 * c - x1 * s
     x[t, h, j1] = x0 * s + x1 * c
-
-
-def rope_theta_scale(freq_base: float, n_dims: int) -> np.float32:
-    """base^(-2/n_dims) in float32, as ops.rope_tables computes it."""
-    return np.float32(np.float32(freq_base) ** np.float32(-2.0 / n_dims))
 
 
 def rope(x, pos, spec, freq_factors, stream=0):
@@ -122,9 +126,10 @@ def rope(x, pos, spec, freq_factors, stream=0):
                          f"frequency factors for x {tuple(x.shape)} with n_dims {spec.n_dims}")
     n = x.shape[0] * x.shape[1] * half
     if n:
+        corr_lo, corr_hi = spec.yarn_corr_dims()
         rope_kernel[_blocks(n, ELEMENT_THREADS), ELEMENT_THREADS, stream](
-            x, pos, freq_factors, rope_theta_scale(spec.freq_base, spec.n_dims),
-            np.float32(spec.freq_scale), spec.n_dims, spec.neox)
+            x, pos, freq_factors, spec.theta_scale(), np.float32(spec.freq_scale), spec.n_dims,
+            spec.neox, corr_lo, corr_hi, np.float32(spec.ext_factor), spec.mscale())
     return x
 
 

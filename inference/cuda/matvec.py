@@ -5,7 +5,8 @@ GGUF bytes of W on the device, as ggml's mul_mat_vec_q (ggml-cuda/mmvq.cu) does 
 One warp per output row: lane l decodes 16-value chunks l, l + 32, ... of the row (neighbouring
 lanes read neighbouring bytes, so a warp's loads cover a contiguous stretch of the row), dots
 each chunk with every token's activations, and the lanes' partial sums meet in a warp shuffle
-reduction. Each weight row is read once for all tokens.
+reduction. Each weight row is read once for all tokens. (Under the simulator a row gets 4 lanes
+instead of 32: the same kernel, with 8 times fewer Python threads to run.)
 
 Activations stay float32 (ggml quantizes them to q8_1 for dp4a), so results equal a float64
 product with the dequantized weights up to float32 rounding, like the CPU's decode kernels.
@@ -17,10 +18,11 @@ import numpy as np
 from numba import cuda, types
 
 from .dequant import CHUNK, check_weight, device_type
-from .device import WARP, ZERO, warp_sum
+from .device import SIMULATED, WARP, ZERO, lanes_sum
 
 MAX_TOKENS = 8  # the most tokens one launch multiplies (mmvq.cu's MMVQ_MAX_BATCH_SIZE)
-ROWS_PER_BLOCK = 4  # warps (output rows) per thread block
+LANES = 4 if SIMULATED else WARP  # threads per output row
+ROWS_PER_BLOCK = 8 if SIMULATED else 4  # output rows per thread block
 
 
 def _make_matvec_kernel(dt):
@@ -28,9 +30,9 @@ def _make_matvec_kernel(dt):
 
     @cuda.jit
     def matvec_kernel(w, x, out):
-        """out[t, r] = x[t] . W[r]: warp r % ROWS_PER_BLOCK of block r // ROWS_PER_BLOCK."""
-        lane = cuda.threadIdx.x % WARP
-        r = cuda.blockIdx.x * ROWS_PER_BLOCK + cuda.threadIdx.x // WARP
+        """out[t, r] = x[t] . W[r]: lane group r % ROWS_PER_BLOCK of block r // ROWS_PER_BLOCK."""
+        lane = cuda.threadIdx.x % LANES
+        r = cuda.blockIdx.x * ROWS_PER_BLOCK + cuda.threadIdx.x // LANES
         n_tok = x.shape[0]
         in_range = r < out.shape[1]
         acc = cuda.local.array(MAX_TOKENS, types.float32)
@@ -38,7 +40,7 @@ def _make_matvec_kernel(dt):
             acc[t] = ZERO
         vals = cuda.local.array(CHUNK, types.float32)
         if in_range:
-            for c in range(lane, x.shape[1] // CHUNK, WARP):
+            for c in range(lane, x.shape[1] // CHUNK, LANES):
                 decoder(w, r, (c // cpb) * block_bytes, c % cpb, vals)
                 for t in range(MAX_TOKENS):
                     if t < n_tok:
@@ -48,7 +50,7 @@ def _make_matvec_kernel(dt):
                         acc[t] += s
         for t in range(MAX_TOKENS):  # every lane reduces: the shuffles need the whole warp
             if t < n_tok:
-                total = warp_sum(acc[t])
+                total = lanes_sum(acc[t], LANES)
                 if lane == 0 and in_range:
                     out[t, r] = total
 
@@ -85,5 +87,5 @@ def matvec(type_name: str, w, x, out, stream=0):
         raise ValueError(f"matvec: out of shape {tuple(out.shape)} for {n_tok} tokens and "
                          f"{w.shape[0]} rows")
     grid = (w.shape[0] + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
-    matvec_kernel(type_name)[grid, ROWS_PER_BLOCK * WARP, stream](w, x, out)
+    matvec_kernel(type_name)[grid, ROWS_PER_BLOCK * LANES, stream](w, x, out)
     return out

@@ -16,7 +16,10 @@ The rules are those of llama_model::load_tensors (src/llama-model.cpp) and llama
   them all on `-mg`.
 - The KV cache of a layer lives with the layer unless `--no-kv-offload`.
 - `-ngl auto`: the most layers that fit, each device keeping `margin` bytes free (llama.cpp's
-  --fit keeps 1 GiB per device by default).
+  --fit keeps 1 GiB per device by default; `auto_margin` adds the working memory of a forward
+  pass on the device, `device_work_bytes`). The engine's loader and the recommender's labels
+  both plan through `plan_offload` with `auto_margin`, so a label ("partial GPU offload (N
+  layers)") is the plan the loader follows with -ngl auto.
 
 Pure Python: it imports no GPU library, so it is tested with simulated devices.
 """
@@ -29,6 +32,9 @@ import numpy as np
 
 DEFAULT_MARGIN = 1 << 30  # llama.cpp's fit_params_target: 1 GiB per device
 SPLIT_MODES = ("layer", "none")
+# the CUDA backend's working-memory caps (inference/cuda/backend.py: TILE_VALUES, SCORE_VALUES)
+TILE_BYTES = (64 << 20) * 2
+SCORE_BYTES = (32 << 20) * 4
 
 
 class OffloadError(ValueError):
@@ -176,3 +182,24 @@ def plan_offload(n_layer: int, layer_bytes, output_bytes: int, kv_bytes_per_laye
         if all(used + margin <= f or used == 0 for used, f in zip(candidate.device_bytes, free)):
             return candidate
     return plan(0)
+
+
+def device_work_bytes(n_embd: int, n_ff: int, n_vocab: int, n_head: int, n_head_kv: int,
+                      head_dim_k: int, head_dim_v: int, n_ctx: int, n_ubatch: int = 512,
+                      largest_matrix: int = 0) -> int:
+    """The most device memory a forward pass uses besides weights and KV rows (the CUDA
+    backend's compute buffers, as llama.cpp reserves its compute buffer): a micro-batch's
+    activations and logits, the fp16 tile of the largest matrix (capped as the backend caps it),
+    attention scores (capped) and every cell's K and V in float32 for a prompt's attention."""
+    u = max(1, min(n_ubatch, n_ctx))
+    width = 4 * n_embd + n_head * (head_dim_k + head_dim_v) + 3 * n_ff + n_vocab
+    activations = 4 * u * width
+    tile = min(2 * largest_matrix, TILE_BYTES) + 2 * u * max(n_embd, n_ff)
+    scores = min(4 * n_head * u * n_ctx, SCORE_BYTES)
+    kv_f32 = 4 * n_ctx * n_head_kv * (head_dim_k + head_dim_v)
+    return int(activations + tile + scores + kv_f32)
+
+
+def auto_margin(work_bytes: int) -> int:
+    """Bytes `-ngl auto` leaves free on each device: llama.cpp's margin and the compute buffers."""
+    return DEFAULT_MARGIN + int(work_bytes)

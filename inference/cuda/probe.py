@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 GIB = 1 << 30
 INSTALL_HINT = "pip install 'llamatui[gpu]', or 'llamatui[gpu-cuda13]' for CUDA 13"
+CUPY_MISSING = "CuPy is not installed"
 
 # cudaError_t values that have a plainer meaning than CuPy's message
 _RUNTIME_REASONS = {
@@ -83,7 +84,7 @@ def _installed(name: str) -> bool:
 
 def _probe() -> GPUProbe:
     if not _installed("cupy"):
-        return GPUProbe(False, (), f"CuPy is not installed (install it with: {INSTALL_HINT})")
+        return GPUProbe(False, (), f"{CUPY_MISSING} (install it with: {INSTALL_HINT})")
     try:
         cupy = importlib.import_module("cupy")
     except Exception as e:  # noqa: BLE001 -- a broken install: CuPy's own message says what

@@ -1,0 +1,125 @@
+"""A model's backends from llama.cpp's offload options (`-ngl`, `-mg`, `-ts`, `-sm`,
+`--no-kv-offload`): which layers run on the CPU and which on which GPU.
+
+`place(...)` follows llama_model::load_tensors through `plan_offload` (placement.py) with the
+sizes of this model's tensors (`model_sizes`) and, for `-ngl auto`, each device's free memory
+as cudaMemGetInfo reports it now. It never raises for want of a GPU: without CuPy, a driver or a
+device it returns the CPU-only placement with `note` saying why in one line (llama.cpp prints
+"no usable GPU found, --gpu-layers option will be ignored").
+
+The input layer (token embeddings) stays on the CPU, as in llama.cpp, with one exception: when
+every layer and the output run on one device and the output matrix is the token embedding
+(tied), that device holds the matrix anyway (llama.cpp duplicates it there), so the lookup runs
+there too and a decode step never leaves the device (which lets it run as one CUDA graph).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .placement import OffloadPlan, auto_margin, device_work_bytes, parse_n_gpu_layers, \
+    plan_offload
+from .probe import probe
+
+KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+
+
+@dataclass
+class Placement:
+    """The backend of every part of a model (see the module docstring)."""
+    input: object
+    layers: list
+    kv: list
+    output: object
+    plan: OffloadPlan | None = None
+    note: str = ""  # why the GPU is not used (one line), or ""
+    gpu_backends: list = field(default_factory=list)
+
+    @property
+    def backends(self) -> list:
+        """Every distinct backend, the CPU's first."""
+        seen = []
+        for be in (self.input, *self.layers, *self.kv, self.output):
+            if not any(be is s for s in seen):
+                seen.append(be)
+        return seen
+
+    @property
+    def n_gpu_layers(self) -> int:
+        return self.plan.n_gpu_layers if self.plan is not None else 0
+
+    def close(self) -> None:
+        for be in self.gpu_backends:
+            be.close()
+
+
+def cpu_only(cpu, n_layer: int, note: str = "") -> Placement:
+    return Placement(cpu, [cpu] * n_layer, [cpu] * n_layer, cpu, None, note)
+
+
+def model_sizes(gguf, hp, n_ctx: int, type_k: str, type_v: str) -> tuple[list, int, list]:
+    """(bytes of each repeating layer's tensors, bytes of the output layer (its norm and matrix:
+    the token embedding when tied), KV bytes of each layer for n_ctx cells)."""
+    layer_bytes = [0] * hp.n_layer
+    for name, t in gguf.tensors.items():
+        if name.startswith("blk."):
+            index = name.split(".")[1]
+            if index.isdigit() and int(index) < hp.n_layer:
+                layer_bytes[int(index)] += t.nbytes
+    output_bytes = 0
+    for name in ("output.weight" if "output.weight" in gguf.tensors else "token_embd.weight",
+                 "output_norm.weight"):
+        if name in gguf.tensors:
+            output_bytes += gguf.tensors[name].nbytes
+    kv = int(n_ctx * hp.n_head_kv * (hp.head_dim_k * KV_BYTES_PER_VALUE[type_k]
+                                     + hp.head_dim_v * KV_BYTES_PER_VALUE[type_v]))
+    return layer_bytes, output_bytes, [kv] * hp.n_layer
+
+
+def work_bytes(gguf, hp, n_ctx: int, n_ubatch: int) -> int:
+    """device_work_bytes for this model."""
+    largest = max((t.n_elements for t in gguf.tensors.values() if len(t.shape) == 2), default=0)
+    return device_work_bytes(hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_head, hp.n_head_kv,
+                             hp.head_dim_k, hp.head_dim_v, n_ctx, n_ubatch, largest)
+
+
+def place(gguf, hp, n_ctx: int, type_k: str, type_v: str, n_ubatch: int, cpu,
+          n_gpu_layers=0, main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
+          split_mode: str = "layer") -> Placement:
+    """The placement of a model's parts for the offload options (see the module docstring).
+    Bad option values raise placement.OffloadError (a ValueError)."""
+    ngl = parse_n_gpu_layers(n_gpu_layers)
+    if ngl == 0:
+        return cpu_only(cpu, hp.n_layer)
+    found = probe()
+    if not found.available:
+        return cpu_only(cpu, hp.n_layer, found.describe())
+    from .backend import CUDABackend
+    from .runtime import make_runtime
+    runtimes = [make_runtime(d.index, d.total_bytes) for d in found.devices]
+    free = [rt.mem_info()[0] for rt in runtimes]
+    layer_bytes, output_bytes, kv_bytes = model_sizes(gguf, hp, n_ctx, type_k, type_v)
+    plan = plan_offload(hp.n_layer, layer_bytes, output_bytes, kv_bytes, free, ngl,
+                        main_gpu=main_gpu, tensor_split=tensor_split, offload_kv=offload_kv,
+                        margin=auto_margin(work_bytes(gguf, hp, n_ctx, n_ubatch)),
+                        split_mode=split_mode)
+    if plan.n_gpu_layers == 0:
+        return cpu_only(cpu, hp.n_layer, "" if ngl != "auto" else
+                        "not enough free GPU memory for any layer with -ngl auto; running on "
+                        "the CPU")
+    backends = {}
+    for d in sorted({d for d in (*plan.layer_device, plan.output_device) if d is not None}):
+        backends[d] = CUDABackend(runtimes[d])
+    peers = {d: be.rt for d, be in backends.items()}
+    for be in backends.values():
+        be.peers = peers
+
+    def on(device):
+        return cpu if device is None else backends[device]
+
+    layers = [on(d) for d in plan.layer_device]
+    output = on(plan.output_device)
+    tied = "output.weight" not in gguf.tensors
+    one_device = len(backends) == 1 and all(be is output for be in layers)
+    kv = [on(d) for d in plan.kv_device]
+    input_be = output if tied and one_device and all(be is output for be in kv) else cpu
+    return Placement(input_be, layers, kv, output, plan, "", list(backends.values()))
