@@ -25,6 +25,7 @@ COMMANDS = {
     "bench": ("cmd_bench", "measure prompt and generation speed like llama-bench"),
     "quantize": ("cmd_quantize", "quantize a GGUF model like llama-quantize"),
     "imatrix": ("cmd_imatrix", "collect an importance matrix for quantizing, like llama-imatrix"),
+    "serve": ("cmd_serve", "serve a model over an OpenAI-compatible HTTP API, like llama-server"),
 }
 
 

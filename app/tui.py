@@ -22,6 +22,7 @@ from .tui_hardware import HARDWARE_ACTIONS, HardwareScreen
 from .tui_keys import APP_ACTIONS, app_bindings, key_label
 from .tui_modals import ErrorModal, HelpScreen, ModelsModal, WelcomeScreen
 from .tui_models import MODELS_ACTIONS, ModelsScreen
+from .tui_server import ServerScreen
 from .tui_widgets import store_models
 
 APP_KEYS = [
@@ -206,6 +207,13 @@ class LlamaTUI(App):
 
     def action_hardware(self) -> None:
         self.open_hardware()
+
+    def action_server(self) -> None:
+        """The Server screen: one for the app's life, so serving goes on behind the chat."""
+        if not self.is_screen_installed("server"):
+            self.install_screen(ServerScreen(), name="server")
+        if not isinstance(self.screen, ServerScreen):
+            self.push_screen("server")
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -419,7 +419,7 @@ class Engine:
         self._check_open()
         if self.model.hparams.encoder:
             raise EmbeddingOnlyError(self.model.hparams.arch)
-        end_text = None if isinstance(prompt_or_messages, str) else self._end_of_turn_text()
+        end_text = None if isinstance(prompt_or_messages, str) else self.end_of_turn_text()
         if end_text:
             sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}
         params = _sampling_params(sampling)
@@ -467,7 +467,7 @@ class Engine:
                 sched.cancel(req)
                 sched.reap()
 
-    def _end_of_turn_text(self) -> str | None:
+    def end_of_turn_text(self) -> str | None:
         """A built-in template's end-of-turn text when the vocabulary has no token for it: a
         model prompted in a format it was not trained on (ChatML for a model without a template,
         as llama.cpp does) can only write that marker as text, and would never produce an

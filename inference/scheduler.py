@@ -194,8 +194,11 @@ class Scheduler:
         self._step_lock = threading.Lock()  # one decode at a time
         self._work = threading.Condition(self._lock)
         self.serving = False
-        self.stats = {"n_prompt_tokens": 0, "t_prompt": 0.0, "n_generated_tokens": 0,
-                      "t_generation": 0.0, "n_decode": 0, "n_requests": 0}
+        # llama-server's /metrics counters (server_metrics): prompt tokens evaluated and found
+        # cached, decode calls and the slots in each, the longest sequence seen
+        self.stats = {"n_prompt_tokens": 0, "n_prompt_tokens_cached": 0, "t_prompt": 0.0,
+                      "n_generated_tokens": 0, "t_generation": 0.0, "n_decode": 0,
+                      "n_busy_slots": 0, "n_tokens_max": 0, "n_requests": 0}
 
     # ------------------------------------------------------------------ requests
 
@@ -333,7 +336,11 @@ class Scheduler:
                     self._fail(slot, e)
             return
         with self._lock:
+            busy = self._slots_in(batch)
             self.stats["n_decode"] += 1
+            self.stats["n_busy_slots"] += len(busy)
+            self.stats["n_tokens_max"] = max([self.stats["n_tokens_max"],
+                                              *(len(s.tokens) for s in busy)])
             self.update_from_output(outputs, logits, time.perf_counter() - t0)
 
     def _slots_in(self, batch: Batch) -> set:
@@ -471,6 +478,7 @@ class Scheduler:
         elapsed = now - slot.t_start
         slot.prompt_tps = n_new / elapsed if elapsed > 0 else 0.0
         self.stats["n_prompt_tokens"] += n_new
+        self.stats["n_prompt_tokens_cached"] += slot.n_reused
         self.stats["t_prompt"] += elapsed
         req.emit(self._event(slot, "prompt"))
 

@@ -208,3 +208,21 @@ def test_cancel_from_another_thread_ends_a_generation_at_its_next_step(engine):
     last = list(gen)[-1]
     # a bound that catches a generation that ignores the cancel (a step takes milliseconds)
     assert last.finish_reason == "cancelled" and time.perf_counter() - t0 < 10
+
+
+def test_stats_count_what_llama_servers_metrics_show(engine):
+    """The counters /metrics reads: cached prompt tokens, busy slots per decode, and the longest
+    sequence, beside the evaluated and generated tokens."""
+    sched = engine.scheduler
+    before = dict(sched.stats)
+    base = engine.tokenize("Counting the cached tokens of a shared prefix, twice:")
+    _, events = _run(sched, [base, base], temperature=0, max_tokens=4)
+    after = sched.stats
+    reused = sum(evs[0].n_reused for evs in events)
+    assert after["n_prompt_tokens_cached"] - before["n_prompt_tokens_cached"] == reused
+    assert after["n_prompt_tokens"] - before["n_prompt_tokens"] == 2 * len(base) - reused
+    n_decode = after["n_decode"] - before["n_decode"]
+    n_busy = after["n_busy_slots"] - before["n_busy_slots"]
+    assert n_decode <= n_busy <= 2 * n_decode  # two requests ran side by side at most
+    assert n_busy > n_decode  # ... and did share some decodes
+    assert after["n_tokens_max"] >= len(base) + 3  # prompt + the generated tokens cached

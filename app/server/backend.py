@@ -1,0 +1,174 @@
+"""The engine behind the server: one engine thread runs the scheduler (llama-server's
+`update_slots` loop: `Scheduler.serve_forever`), and handlers talk to it without blocking the
+event loop.
+
+- Blocking calls (chat templates render in a worker process, tokenizing, queueing a request,
+  which takes the scheduler's lock) run in a small thread pool: `await backend.call(fn, ...)`.
+- A `Run` is the scheduler requests of one HTTP request (its n choices); the engine thread hands
+  their events to the event loop with `call_soon_threadsafe`, into one asyncio queue.
+- Cancelling a run (the client went away) cancels its requests and reaps them at once: queued,
+  prefilling or generating, their slots are idle again before the next step (llama-server leaves
+  them running: its issues #11720, #13262).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from llamatui.inference import ContextFullError, QueueFullError, SamplingParams
+
+from .errors import LOADING as LOADING_MESSAGE
+from .errors import APIError, exceed_context, invalid, unavailable
+from .requests import Limits
+
+LOADING, READY, FAILED, STOPPED = "loading", "ready", "failed", "stopped"
+POOL_THREADS = 4  # templating and tokenizing of concurrent requests
+
+
+class Backend:
+    """The engine (loaded by `load`, or one handed over: the app's) and its engine thread."""
+
+    def __init__(self, engine=None, owns_engine: bool = True, max_queue: int | None = None):
+        self.engine = None
+        self.owns_engine = owns_engine
+        self.max_queue = max_queue
+        self.state, self.error = LOADING, None
+        self.runs: set[Run] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="llamatui-serve")
+        if engine is not None:
+            self._ready(engine)
+
+    def load(self, loader: Callable[[], object]) -> None:
+        """Loads the engine with `loader` (in the caller's thread), then starts serving it; a
+        failure leaves the server answering 503 with the reason."""
+        try:
+            engine = loader()
+        except Exception as e:  # noqa: BLE001 - shown by /health and the CLI
+            self.state, self.error = FAILED, e
+            return
+        self._ready(engine)
+
+    def _ready(self, engine) -> None:
+        self.engine = engine
+        sched = engine.scheduler
+        if self.max_queue is not None:
+            sched.max_queue = self.max_queue
+        self._thread = threading.Thread(target=sched.serve_forever, args=(self._stop,),
+                                        name="llamatui-engine", daemon=True)
+        self._thread.start()
+        self.state = READY
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    @property
+    def limits(self) -> Limits:
+        sched = self.engine.scheduler
+        return Limits(n_slots=len(sched.slots), n_ctx_slot=sched.n_ctx_slot,
+                      n_vocab=self.engine.info.n_vocab)
+
+    def check_ready(self) -> None:
+        if self.state == LOADING:
+            raise unavailable(LOADING_MESSAGE)
+        if self.state != READY:
+            raise unavailable(f"the model is not available: {self.error or self.state}")
+
+    async def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) in the pool, awaited."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Cancels every run, stops the engine thread, and closes the engine if it is ours."""
+        for run in list(self.runs):
+            run.cancel_requests()
+        self._stop.set()
+        if self.engine is not None:
+            self.engine.scheduler.wake()
+            self.engine.scheduler.reap()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.engine is not None and self.owns_engine:
+            self.engine.close()
+        self.state = STOPPED
+
+
+class Run:
+    """The scheduler requests of one HTTP request; `events()` yields (choice index, event)."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.requests: list = []
+        self._loop = asyncio.get_running_loop()
+        self._open = 0
+
+    def _poster(self, index: int) -> Callable:
+        loop, queue = self._loop, self.queue
+
+        def emit(event) -> None:  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+            except RuntimeError:
+                pass  # the event loop is closed: the server is stopping
+        return emit
+
+    async def start(self, choices: list[tuple[list[int], SamplingParams]], n_probs: int,
+                    cache_prompt: bool) -> None:
+        """Queues one request per choice (prompt ids, params); maps the scheduler's refusals to
+        API errors (an oversized prompt: 400 exceed_context_size_error; a full queue: 503)."""
+        self.backend.runs.add(self)
+        sched = self.backend.scheduler
+        try:
+            for index, (ids, params) in enumerate(choices):
+                req = await self.backend.call(
+                    sched.add_request, ids, params, self._poster(index), n_probs=n_probs,
+                    cache_prompt=cache_prompt, truncate=False)
+                self.requests.append(req)
+                self._open += 1
+        except ContextFullError as e:
+            await self.cancel()
+            raise exceed_context(e.n_prompt, e.n_ctx) from None
+        except QueueFullError as e:
+            await self.cancel()
+            raise unavailable(f"the server is busy: {e}") from None
+        except ValueError as e:  # token ids outside the vocabulary, an empty prompt
+            await self.cancel()
+            raise invalid("prompt", str(e)) from None
+
+    async def events(self) -> AsyncIterator[tuple[int, object]]:
+        """Every request's events until all are done."""
+        while self._open:
+            index, event = await self.queue.get()
+            if event.kind == "done":
+                self._open -= 1
+            yield index, event
+
+    def cancel_requests(self) -> None:
+        for req in self.requests:
+            req.cancel()
+
+    async def cancel(self) -> None:
+        """Ends the requests that are not done and frees their slots now."""
+        self.backend.runs.discard(self)
+        if any(not r.done.is_set() for r in self.requests):
+            self.cancel_requests()
+            await self.backend.call(self.backend.scheduler.reap)
+
+
+def choice_params(sampling: dict, n: int) -> list[SamplingParams]:
+    """The sampling parameters of n choices: with a seed, choice i uses seed + i, so that a
+    request's choices differ but the same request gives the same choices again."""
+    seed = sampling.get("seed")
+    return [SamplingParams(**{**sampling, "seed": seed + i} if seed is not None else sampling)
+            for i in range(n)]
+
+
+__all__ = ["Backend", "Run", "APIError", "choice_params", "LOADING", "READY", "FAILED"]

