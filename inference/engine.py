@@ -254,10 +254,12 @@ class Engine:
         return self.tokenizer.decode(ids)
 
     def apply_chat_template(self, messages: Sequence[Mapping],
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True, **template_vars) -> str:
         """The prompt text for a chat; raises ChatTemplateError (a ValueError) when the template
-        fails, within a couple of seconds whatever the template does."""
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        fails, within a couple of seconds whatever the template does. `template_vars`: more
+        Jinja variables (`tools`, `enable_thinking`), as llama.cpp's chat params pass them."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                    **template_vars)
 
     def set_chat_template(self, name_or_source: str | None) -> None:
         """Speaks to the model in another template from the next chat on: a built-in name
