@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -44,7 +45,9 @@ class ToolCallError(ValueError):
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: "call_" + secrets.token_hex(12))
+    # 9 letters and digits: what Mistral's templates demand of ids; opaque to other clients
+    id: str = field(default_factory=lambda: "".join(
+        secrets.choice(string.ascii_letters + string.digits) for _ in range(9)))
 
     def openai(self, index: int | None = None) -> dict:
         out = {"id": self.id, "type": "function",
@@ -100,6 +103,7 @@ class Family:
     grammar: Callable[[dict, bool, bool], str] | None
     native: bool = True
     args_key: str = "arguments"
+    call_ids: bool = False  # a call may carry its own id (Mistral's 9 characters)
 
 
 def _split_at(text: str, marker: str) -> tuple[str, str]:
@@ -184,7 +188,7 @@ FAMILIES: list[Family] = [
     Family("hermes", lambda src: "<tool_call>" in src, "<tool_call>", _parse_hermes,
            _hermes_grammar),
     Family("mistral", lambda src: "[TOOL_CALLS]" in src, "[TOOL_CALLS]", _parse_mistral,
-           _mistral_grammar),
+           _mistral_grammar, call_ids=True),
     Family("llama3", lambda src: "<|start_header_id|>" in src and
            ("<|python_tag|>" in src or "ipython" in src or "tools" in src), "{", _parse_llama3,
            _llama3_grammar, args_key="parameters"),
@@ -228,9 +232,12 @@ class ToolPlan:
         """One call: {name, arguments} for one of the callable tools (arguments per its
         parameters schema)."""
         key = self.family.args_key
+        ids = {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}} \
+            if self.family.call_ids else {}
         options = [{"type": "object", "additionalProperties": False, "required": ["name", key],
                     "properties": {"name": {"const": t["function"]["name"]},
-                                   key: t["function"].get("parameters") or {"type": "object"}}}
+                                   key: t["function"].get("parameters") or {"type": "object"},
+                                   **ids}}
                    for t in self.callable_tools()]
         return options[0] if len(options) == 1 else {"anyOf": options}
 
@@ -334,23 +341,6 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{text}"}] + messages[1:]
     return [{"role": "system", "content": text}] + messages
-
-
-# ---------------------------------------------------------------------------- reasoning
-
-def split_reasoning(text: str, opened: bool) -> tuple[str | None, str]:
-    """(reasoning_content, content) of a reply (llama-server's --reasoning-format deepseek):
-    the text of a `<think>...</think>` block at its start, or before `</think>` when the prompt
-    already opened the block (`opened`); None when there is no block."""
-    body = text.lstrip()
-    if body.startswith(THINK_OPEN):
-        body, opened = body[len(THINK_OPEN):], True
-    if not opened:
-        return None, text
-    thought, sep, rest = body.partition(THINK_CLOSE)
-    if not sep:  # still thinking when it stopped
-        return thought.strip(), ""
-    return thought.strip(), rest.lstrip()
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -474,8 +464,8 @@ class ReplyStream:
 
     def message(self) -> dict:
         """The whole reply as an OpenAI message (after finish)."""
-        msg = {"role": "assistant", "content": self.content if self.content or not self.calls
-               else None}
+        content = self.content.strip() if self.calls else self.content  # as llama.cpp trims
+        msg = {"role": "assistant", "content": content if content or not self.calls else None}
         if self.thought is not None:
             msg["reasoning_content"] = self.thought.strip()
         if self.calls:
