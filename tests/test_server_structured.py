@@ -8,18 +8,18 @@ SmolLM2's template knows nothing of tools, so these run llama.cpp's generic form
 a system message, the reply constrained to `{"tool_call": ...}` / `{"response": ...}`); the
 native families' formats are checked by tests/test_tool_calls.py from recorded outputs."""
 import json
+import pathlib
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
 import pytest
 
-from server_helpers import serve
+from server_helpers import http, serve
 
 KEY = "sk-structured"
 N_SLOTS = 4
-SCHEMAS = json.load(open(__import__("pathlib").Path(__file__).parent / "data" /
-                         "json_schemas.json"))
+SCHEMAS = json.loads((pathlib.Path(__file__).parent / "data" / "json_schemas.json").read_text())
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "additionalProperties": False,
@@ -192,6 +192,5 @@ def test_a_tool_reply_is_continued(client):
 
 
 def _apply_template(client, messages):
-    from server_helpers import http
     return http("POST", str(client.base_url).removesuffix("/v1/") + "/apply-template",
                 {"messages": messages}, headers={"Authorization": f"Bearer {KEY}"})

@@ -149,7 +149,8 @@ def test_grammar_refuses_a_call_to_an_undeclared_function_or_bad_arguments(token
     assert not _accepts(tokenizer, plan.constraint(), bad_name)
     assert not _accepts(tokenizer, plan.constraint(), bad_args)
     named = ToolPlan(family_named("generic"), TOOLS, "get_time", False)
-    weather = '{"tool_call": {"name": "get_weather", "arguments": {"city": "P", "unit": "celsius"}}}'
+    weather = ('{"tool_call": {"name": "get_weather", '
+               '"arguments": {"city": "P", "unit": "celsius"}}}')
     assert not _accepts(tokenizer, named.constraint(), weather)
 
 
@@ -159,7 +160,8 @@ def test_templates_render_tools_calls_and_replies(name, family):
     assert family_of(source, builtin=False).name == family
     plan = ToolPlan(family_of(source, False), TOOLS, "auto", False)
     call = {"id": "call00001", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+            "function": {"name": "get_weather",
+                         "arguments": '{"city": "Paris", "unit": "celsius"}'}}
     history = [{"role": "user", "content": "Weather in Paris?"},
                {"role": "assistant", "content": "", "tool_calls": [call]},
                {"role": "tool", "tool_call_id": "call00001", "content": '{"temperature": 18}'}]

@@ -10,7 +10,8 @@ opening marker; from the first token when a call is required), and parses the ou
 
 One small `Family` per format, in `FAMILIES` (first match wins; generic last):
 
-- hermes: Hermes 2 Pro, Qwen 2.5, Qwen 3: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+- hermes: Hermes 2 Pro, Qwen 2.5, Qwen 3:
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 - llama3: Llama 3.1-3.3 JSON calls: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`)
 - mistral: Mistral Nemo / Small: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`
 - generic: any other template: `{"tool_call": {"name": ..., "arguments": ...}}` (or
@@ -113,7 +114,7 @@ def _split_at(text: str, marker: str) -> tuple[str, str]:
 
 def _parse_hermes(text: str):
     content, rest = _split_at(text, "<tool_call>")
-    bodies = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", rest, re.S)
+    bodies = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", rest, re.DOTALL)
     return content.strip(), _calls_from(v for b in bodies for v in _json_values(b)[:1])
 
 
