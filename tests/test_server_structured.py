@@ -194,3 +194,62 @@ def test_a_tool_reply_is_continued(client):
 def _apply_template(client, messages):
     return http("POST", str(client.base_url).removesuffix("/v1/") + "/apply-template",
                 {"messages": messages}, headers={"Authorization": f"Bearer {KEY}"})
+
+
+# ---------------------------------------------------------------------------- a native family
+
+@pytest.fixture(scope="module")
+def qwen_style(smollm2_path):
+    """SmolLM2 spoken to in Qwen 2.5's template: the tools go through the template's own
+    `tools` block and calls come as <tool_call> JSON, constrained lazily."""
+    template = pathlib.Path(__file__).parent / "data" / "chat_templates" / \
+        "Qwen-Qwen2.5-7B-Instruct.jinja"
+    with serve(smollm2_path, "-c", "2048", "-np", "2", "-t", "2", "--api-key", KEY,
+               "--chat-template-file", str(template)) as s:
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, timeout=300, max_retries=0), s
+
+
+def test_hermes_family_renders_tools_and_constrains_the_call(qwen_style):
+    client, server = qwen_style
+    status, _, raw = http("POST", server.url + "/apply-template", {"messages": ASK},
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and "<|im_start|>" in json.loads(raw)["prompt"]
+    r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME],
+                                       tool_choice="required", temperature=0, max_tokens=128)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    _arguments(call, WEATHER if call.function.name == "get_weather" else TIME)
+    chunks = list(client.chat.completions.create(
+        model="x", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=128, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert parts[0].function.name == "get_weather" and parts[0].id
+    _validate(json.loads("".join(p.function.arguments or "" for p in parts)),
+              WEATHER["function"]["parameters"])
+
+
+def test_hermes_family_lazy_grammar_lets_text_through(qwen_style):
+    """tool_choice auto: free text is not constrained (the grammar waits for <tool_call>);
+    whatever the model writes, a call it makes is well formed."""
+    client, _ = qwen_style
+    r = client.chat.completions.create(
+        model="x", temperature=0, max_tokens=48, tools=[WEATHER],
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}])
+    choice = r.choices[0]
+    for call in choice.message.tool_calls or []:
+        _arguments(call, WEATHER)
+    if not choice.message.tool_calls:
+        assert choice.message.content and "<tool_call>" not in choice.message.content
+
+
+# ---------------------------------------------------------------------------- Gemma 3
+
+def test_schemas_validate_on_gemma3_through_response_format(gemma3_path):
+    """A quarter of the schemas, and every one with a feature llama.cpp's converter skips (as
+    tests/test_constraints.py asks of the engine)."""
+    subset = [e for i, e in enumerate(SCHEMAS) if i % 4 == 0 or e.get("llama_cpp_skips")]
+    with serve(gemma3_path, "-c", str(N_SLOTS * 512), "-np", str(N_SLOTS), "-t", "2",
+               "--api-key", KEY) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, timeout=300, max_retries=0)
+        _check_schemas(client, subset)
