@@ -173,7 +173,7 @@ def test_oversized_prompt_is_a_bad_request(client, server):
     ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
     ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "not": {}}}}}, "response_format"),
-    ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format"),
     ({"messages": CHAT, "grammar": "root ::= undefined_rule"}, "grammar"),
     ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
