@@ -876,6 +876,8 @@ def test_json_output_setting_makes_every_reply_json(home, smollm2_path, tmp_path
             await type_and_send(pilot, JSON_QUESTION)
             await reply_finished(app, 0)
             first = _last_reply(app)
+            # the engine panel says the reply was constrained, with the mask work per token
+            assert chat.panel.mask_ms is not None and chat.panel.mask_ms >= 0
             await set_json_output(pilot, str(schema_file))
             await type_and_send(pilot, "And of Italy?")
             await reply_finished(app, 1)

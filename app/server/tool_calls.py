@@ -146,14 +146,11 @@ def _parse_generic(text: str):
     return text.strip(), []
 
 
-def _lark(start: str, calls: str, trigger: str | None, required: bool) -> str:
-    """A lazy grammar when calls are optional: free text, or free text up to the trigger and
-    then the calls (llguidance's stop= ends the text lexeme at the trigger)."""
-    if required:
-        return f"start: {start}\n{calls}"
-    lazy = f"start: text | opened after\ntext[stop=\"\"]: /(?s:.*)/\n" \
-           f"opened[stop={json.dumps(trigger)}]: /(?s:.*)/\n"
-    return lazy + calls
+def _lazy(calls: str, trigger: str) -> str:
+    """llama.cpp's lazy grammar in llguidance's Lark: free text to the end, or free text up to
+    the trigger (stop= ends the text lexeme there) and then `after`, the calls (in `calls`)."""
+    return (f"start: text | opened after\ntext[stop=\"\"]: /(?s:.*)/\n"
+            f"opened[stop={json.dumps(trigger)}]: /(?s:.*)/\n{calls}")
 
 
 def _json(schema: dict) -> str:
@@ -165,7 +162,7 @@ def _hermes_grammar(call: dict, parallel: bool, required: bool) -> str:
     more = ' (/\\s*/ "<tool_call>" body)*' if parallel else ""
     if required:
         return f'start: "<tool_call>" body{more}\nbody: {one}'
-    return _lark("", f"after: body{more}\nbody: {one}", "<tool_call>", False)
+    return _lazy(f"after: body{more}\nbody: {one}", "<tool_call>")
 
 
 def _llama3_grammar(call: dict, parallel: bool, required: bool) -> str:
@@ -182,7 +179,7 @@ def _mistral_grammar(call: dict, parallel: bool, required: bool) -> str:
         array["maxItems"] = 1
     if required:
         return f'start: "[TOOL_CALLS]" {_json(array)}'
-    return _lark("", f"after: {_json(array)}", "[TOOL_CALLS]", False)
+    return _lazy(f"after: {_json(array)}", "[TOOL_CALLS]")
 
 
 FAMILIES: list[Family] = [
@@ -195,7 +192,6 @@ FAMILIES: list[Family] = [
            _llama3_grammar, args_key="parameters"),
     Family("generic", lambda src: True, None, _parse_generic, None, native=False),
 ]
-FAMILY_NAMES = [f.name for f in FAMILIES]
 
 
 def family_of(template_source: str | None, builtin: bool) -> Family:
