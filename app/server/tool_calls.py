@@ -342,11 +342,75 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- streaming
 
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:')
+
+
+class _CallScanner:
+    """Streams the calls of a growing text as OpenAI does: a call's first delta (index, id,
+    type, name) as soon as `{"name": ..., "arguments":` is complete, then its arguments object
+    as it arrives, until it closes. Anything else (keys in another order, arguments that are
+    not an object) is left to the parse at the end."""
+
+    def __init__(self):
+        self.pos = 0  # where scanning resumes
+        self.calls: list[ToolCall] = []
+        self.in_args = False
+        self.depth, self.in_string, self.escaped = 0, False, False
+
+    def scan(self, text: str) -> list[dict]:
+        deltas = []
+        while self.pos < len(text):
+            if not self.in_args:
+                head = _CALL_HEAD.search(text, self.pos)
+                if head is None:
+                    break
+                call = ToolCall(json.loads(f'"{head.group(1)}"'), "")
+                deltas.append({"tool_calls": [call.openai(len(self.calls))]})
+                self.calls.append(call)
+                self.pos, self.in_args, self.depth = head.end(), True, 0
+                continue
+            call, start = self.calls[-1], self.pos
+            if not call.arguments:  # the value has not begun: it must be an object
+                rest = text[start:].lstrip()
+                if not rest:
+                    break
+                if rest[0] != "{":
+                    self.in_args = False
+                    continue
+                start = len(text) - len(rest)
+            end = start
+            while end < len(text) and self.in_args:
+                end = self._step(text[end], end)
+            call.arguments += text[start:end]
+            deltas.append({"tool_calls": [{"index": len(self.calls) - 1,
+                                           "function": {"arguments": text[start:end]}}]})
+            self.pos = end
+        return deltas
+
+    def _step(self, ch: str, i: int) -> int:
+        """One character of the arguments; the index after it (in_args ends at the close)."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+        elif ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            self.in_args = self.depth > 0
+        return i + 1
+
+
 class ReplyStream:
     """One choice's reply turned into OpenAI chat deltas as its text arrives: `reasoning_content`
-    while inside <think>, `content` until a tool call may begin, then nothing until the end,
-    when the calls are parsed and sent as `tool_calls` deltas (the first for a call with its
-    index, id, type and name; then its arguments in fragments).
+    while inside <think>, `content` until a tool call may begin, then `tool_calls` deltas as the
+    call is written (the first with its index, id, type and name; then its arguments in
+    fragments); what the end's parse finds beyond them follows at the end.
 
     A piece of text that might be the start of a marker (`</thi`, `<tool_`) is held back until
     the next piece tells."""
@@ -361,6 +425,8 @@ class ReplyStream:
         self.content = ""
         self.thought = "" if reasoning and opened else None
         self.calls: list[ToolCall] = []
+        # families whose calls carry the model's own id are sent whole at the end
+        self.scanner = _CallScanner() if self.plan and not self.plan.family.call_ids else None
 
     def feed(self, text: str) -> list[dict]:
         self.pending += text
@@ -377,7 +443,7 @@ class ReplyStream:
         if self.held is not None:
             self.held += text
             self.pending = ""
-            return []
+            return self._scan()
         if self.reasoning and not self.thinking and not self.started:
             stripped = text.lstrip()
             if stripped.startswith(THINK_OPEN):
@@ -413,7 +479,7 @@ class ReplyStream:
             if trigger is None or stripped.startswith(("{", "<|python_tag|>")) or \
                     "<|python_tag|>".startswith(stripped):
                 self.held, self.pending = text, ""
-                return []
+                return self._scan()
             trigger = None
         self.started = True
         if trigger is None:
@@ -422,10 +488,13 @@ class ReplyStream:
         i = text.find(trigger)
         if i >= 0:
             self.held, self.pending = text[i:], ""
-            return self._out("content", text[:i])
+            return self._out("content", text[:i]) + self._scan()
         keep = _partial_suffix(text, trigger)
         self.pending = text[len(text) - keep:] if keep else ""
         return self._out("content", text[:len(text) - keep])
+
+    def _scan(self) -> list[dict]:
+        return self.scanner.scan(self.held) if self.scanner is not None else []
 
     def _out(self, key: str, text: str) -> list[dict]:
         if not text:
@@ -450,10 +519,21 @@ class ReplyStream:
         if self.held is not None:
             content, self.calls = self.plan.parse(self.held)
             deltas += self._out("content", content)
+            streamed = self.scanner.calls if self.scanner is not None else []
             for i, call in enumerate(self.calls):
-                first = call.openai(i)
-                args, first["function"]["arguments"] = first["function"]["arguments"], ""
-                deltas.append({"tool_calls": [first]})
+                sent = streamed[i] if i < len(streamed) else None
+                if sent is None:
+                    first = call.openai(i)
+                    first["function"]["arguments"] = ""
+                    deltas.append({"tool_calls": [first]})
+                else:
+                    call.id = sent.id  # what the stream announced
+                    if _same_json(sent.arguments, call.arguments):
+                        call.arguments = sent.arguments  # the model's own text
+                        continue
+                    if sent.arguments:
+                        continue  # sent as written; the message has the parse
+                args = call.arguments
                 for k in range(0, len(args), ARGUMENT_FRAGMENT):
                     deltas.append({"tool_calls": [{"index": i, "function": {
                         "arguments": args[k:k + ARGUMENT_FRAGMENT]}}]})
@@ -468,6 +548,13 @@ class ReplyStream:
         if self.calls:
             msg["tool_calls"] = [c.openai() for c in self.calls]
         return msg
+
+
+def _same_json(a: str, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
 
 
 def _partial_suffix(text: str, marker: str) -> int:
