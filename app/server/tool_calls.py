@@ -342,7 +342,9 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- streaming
 
-_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:')
+# a call's head: {"name": "...", "arguments": (Llama 3: "parameters")
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
+                        r'"(?:arguments|parameters)"\s*:')
 
 
 class _CallScanner:
