@@ -205,3 +205,13 @@ def test_reasoning_split():
     assert deltas == [{"reasoning_content": "weighing it"}, {"content": "Done."}]
     plain = ReplyStream(None, reasoning=False, opened=False)
     assert plain.feed("<think>x</think>y") + plain.finish() == [{"content": "<think>x</think>y"}]
+
+
+def test_history_without_call_ids_renders():
+    """A client may leave out a call's id (schemathesis did): the history still renders."""
+    call = {"type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    history = [{"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "content": "noon"}]
+    for name in ("generic", "hermes"):
+        msgs = ToolPlan(family_named(name), TOOLS, "auto", False).messages(history)
+        assert "get_time" in json.dumps(msgs) and "noon" in json.dumps(msgs)

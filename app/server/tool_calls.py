@@ -263,7 +263,7 @@ class ToolPlan:
         sees them as the JSON it writes, and a system message describing the tools."""
         if self.family.native:
             return [_native_message(m) for m in messages]
-        names = {c["id"]: c["function"]["name"] for m in messages
+        names = {c.get("id"): c["function"]["name"] for m in messages
                  for c in m.get("tool_calls") or []}
         out = [_generic_message(m, names) for m in messages]
         if self.active:
