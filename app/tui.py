@@ -212,7 +212,8 @@ class LlamaTUI(App):
         """The Server screen: one for the app's life, so serving goes on behind the chat."""
         if not self.is_screen_installed("server"):
             self.install_screen(ServerScreen(), name="server")
-        if not isinstance(self.screen, ServerScreen):
+        server = self.get_screen("server")
+        if not self._bring_forward(server):
             self.push_screen("server")
 
     def action_help(self) -> None:

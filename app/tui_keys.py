@@ -10,7 +10,6 @@ from textual.binding import Binding
 
 # (key, action on the app, footer label, palette/help title, what it does). The model manager's
 # tabs follow the keys' order: Local (F3), Downloads (F5), Search (F6), Files (F7).
-# The Server screen (F11) follows them.
 APP_ACTIONS = [
     ("f3", "model_manager('local')", "Models", "Model manager",
      "the model manager, on its tab of local models"),
@@ -21,7 +20,7 @@ APP_ACTIONS = [
      "find GGUF repositories on Hugging Face"),
     ("f7", "model_manager('files')", "Files", "Repository files",
      "the open repository's files by quantization, with fit badges"),
-    ("f11", "server", "Server", "Server", "serve the chat's model as an OpenAI-compatible API"),
+    ("f12", "server", "Server", "Server", "serve the chat's model as an OpenAI-compatible API"),
 ]
 
 

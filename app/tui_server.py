@@ -5,7 +5,7 @@ and generated tokens, tok/s), the queue, and a log of the requests.
 The server (app/server/) runs in its own threads: uvicorn's event loop and the engine thread
 that steps the scheduler; the chat shares the scheduler (its replies queue like any request).
 Starting and stopping run in thread workers that post messages; a timer refreshes the tables
-from the server's state. The screen is kept for the app's life (F11 reopens it), so the server
+from the server's state. The screen is kept for the app's life (F12 reopens it), so the server
 goes on while the chat is shown, and stops when the model is unloaded or the app quits.
 """
 from __future__ import annotations

@@ -10,6 +10,10 @@ architecture code changing.
 
 `CPUBackend` runs on numpy/numba: quantized matrix products through `llamatui.inference.matmul`
 (K-quant and legacy kernels working on the GGUF bytes in place), the rest through `ops`.
+
+Mixture-of-experts layers add three methods: `experts` prepares a 3-D tensor of expert matrices,
+`matmul_id` multiplies each token by the experts its router chose (ggml_mul_mat_id: only their
+rows are read), and `weighted_sum` adds the experts' outputs with the router's weights.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import numpy as np
 from . import ops
 from .catalog import GGML_TYPES
 from .kv_cache import HostKVStore
-from .matmul import embedding_rows, matmul
+from .matmul import embedding_rows, matmul, matmul_id
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -79,6 +83,31 @@ class QWeight:
         return f"QWeight({self.name!r}, {self.type}, {self.n_out}x{self.n_in})"
 
 
+class QExperts:
+    """A 3-D tensor of expert matrices as stored in the GGUF file (ffn_up_exps, say): `type`,
+    `rows` (uint8 (n_expert, n_out, row_bytes), zero-copy), `n_expert`, `n_out`, `n_in`."""
+
+    __slots__ = ("name", "type", "rows", "n_expert", "n_out", "n_in")
+
+    def __init__(self, name: str, type_name: str, rows: np.ndarray, n_expert: int, n_out: int,
+                 n_in: int):
+        self.name, self.type, self.rows = name, type_name, rows
+        self.n_expert, self.n_out, self.n_in = int(n_expert), int(n_out), int(n_in)
+
+    @classmethod
+    def from_tensor(cls, tensor) -> "QExperts":
+        shape = tuple(tensor.shape)
+        if len(shape) != 3:
+            raise ValueError(f"{tensor.name}: expert matrices need 3 dimensions, has {shape}")
+        n_expert, n_out, n_in = shape
+        row_bytes = GGML_TYPES[tensor.type].row_bytes(n_in)
+        rows = np.asarray(tensor.data).view(np.uint8).reshape(n_expert, n_out, row_bytes)
+        return cls(tensor.name, tensor.type, rows, n_expert, n_out, n_in)
+
+    def __repr__(self):
+        return f"QExperts({self.name!r}, {self.type}, {self.n_expert}x{self.n_out}x{self.n_in})"
+
+
 class KQMask:
     """The KQ mask of one micro-batch for one window size, as `Backend.attention` takes it:
     `dense()` is llama.cpp's (n_tokens, n_kv) mask of 0 / -inf (built once per batch and window,
@@ -123,6 +152,11 @@ class Backend(ABC):
         """A 2-D GGUF tensor prepared for `matmul` / `get_rows` (raw quantized blocks)."""
 
     @abstractmethod
+    def experts(self, tensor):
+        """A 3-D GGUF tensor of expert matrices (n_expert, n_out, n_in) prepared for
+        `matmul_id`."""
+
+    @abstractmethod
     def vector(self, tensor):
         """A 1-D tensor (norm weight, bias) as float32."""
 
@@ -147,6 +181,17 @@ class Backend(ABC):
     @abstractmethod
     def matmul(self, w, x):
         """x (n, n_in) float32 times wᵀ: (n, n_out)."""
+
+    @abstractmethod
+    def matmul_id(self, w, x, ids: np.ndarray):
+        """ggml_mul_mat_id: each token times the matrices of the experts chosen for it. ids:
+        int64 (n, n_used) on the host; x (n, n_in), one input for all of a token's experts, or
+        (n, n_used, n_in); result (n, n_used, n_out). Reads only the chosen experts."""
+
+    @abstractmethod
+    def weighted_sum(self, x, weights: np.ndarray):
+        """x (n, k, d) summed over k, each slice times its weight: weights float32 (n, k) on the
+        host; result (n, d). (build_moe_ffn's ggml_mul by the expert weights, then its adds.)"""
 
     @abstractmethod
     def rms_norm(self, x, w, eps: float):
@@ -205,6 +250,10 @@ class CPUBackend(Backend):
         """A 2-D GGUF tensor prepared for `matmul` / `get_rows` (no copy on the CPU)."""
         return QWeight.from_tensor(tensor)
 
+    def experts(self, tensor) -> QExperts:
+        """A 3-D GGUF tensor of expert matrices for `matmul_id` (no copy on the CPU)."""
+        return QExperts.from_tensor(tensor)
+
     def vector(self, tensor) -> np.ndarray:
         """A 1-D tensor (norm weight, bias) as float32."""
         return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32).reshape(-1)
@@ -235,6 +284,21 @@ class CPUBackend(Backend):
         if x.ndim != 2 or x.shape[1] != w.n_in:
             raise ValueError(f"matmul {w}: input of shape {x.shape}")
         return matmul(w.type, w.rows, x)
+
+    def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """x (n, n_in) or (n, n_used, n_in) times the experts `ids` (n, n_used) chose:
+        (n, n_used, n_out)."""
+        if x.shape[-1] != w.n_in:
+            raise ValueError(f"matmul_id {w}: input of shape {x.shape}")
+        return matmul_id(w.type, w.rows, x, ids)
+
+    def weighted_sum(self, x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """x (n, k, d) summed over k times weights (n, k): (n, d), added in ggml's order."""
+        weights = np.asarray(weights, dtype=np.float32)[:, :, None]
+        out = x[:, 0] * weights[:, 0]
+        for j in range(1, x.shape[1]):
+            out += x[:, j] * weights[:, j]
+        return out
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         """RMS norm over the last axis, times `w`."""

@@ -199,6 +199,10 @@ ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("olmo2", "olmo2", "OLMo 2", rope="neox", swa_pattern=4),
     Arch("smollm3", "smollm3", "SmolLM3"),
     Arch("granite", "granite", "Granite"),
+    Arch("qwen2", "qwen2", "Qwen 2", rope="neox"),
+    Arch("qwen3", "qwen3", "Qwen 3", rope="neox"),
+    Arch("qwen2moe", "qwen2moe", "Qwen 2 MoE", rope="neox"),
+    Arch("qwen3moe", "qwen3moe", "Qwen 3 MoE", rope="neox"),
 )}
 
 

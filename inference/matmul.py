@@ -1,6 +1,7 @@
 """Matrix products against ggml-quantized weights, computed on the GGUF bytes in place.
 
     matmul(type_name, weight, x)             -> x @ W.T        float32 (n_tokens, out_features)
+    matmul_id(type_name, experts, x, ids)    -> x @ W[ids].T   float32 (n_tokens, n_used, out)
     embedding_rows(type_name, weight, ids)   -> W[ids]         float32 (len(ids), in_features)
     supported_matmul_types()                 -> the ggml type names both accept
 
@@ -8,15 +9,23 @@
 output feature, usually a zero-copy view into the mmap'd GGUF file. The model is never
 dequantized as a whole: the only float copies of weights are bounded scratch tiles.
 
-Two paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `matmul_simd`):
+Three paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `matmul_simd`):
 
-- decode, n_tokens <= DECODE_MAX_TOKENS: one fused numba kernel per type, parallel over output
-  rows (`prange`, numba's thread count), streaming each weight row once per token: a block is
-  unpacked into float32 registers and multiplied into the activations with FMAs; scales are
-  applied once per (sub-)block and min terms folded into precomputed sums of x. Activations stay
-  float32 (ggml quantizes them to 8 bits), so results differ from a float64 product with the
-  dequantized weights by float32 rounding only. Matrices under PARALLEL_MIN_BYTES run on the
-  calling thread alone: waking the other threads costs more than it saves.
+- decode, n_tokens <= DECODE_MAX_TOKENS (one token: the chat path): one fused numba kernel per
+  type, parallel over output rows (`prange`, numba's thread count), streaming each weight row
+  once per token: a block is unpacked into float32 registers and multiplied into the
+  activations with FMAs; scales are applied once per (sub-)block and min terms folded into
+  precomputed sums of x. Activations stay float32 (ggml quantizes them to 8 bits), so results
+  differ from a float64 product with the dequantized weights by float32 rounding only. Matrices
+  under PARALLEL_MIN_BYTES run on the calling thread alone: waking the other threads costs more
+  than it saves.
+- batch decode, n_tokens <= BATCH_DECODE_MAX_TOKENS (a scheduler step: one token of each of
+  several sequences): one kernel per type that dequantizes each 16-value chunk of a weight row
+  once for a tile of 8 tokens (4 for the last 4) and multiplies it into each token's
+  activations, float32 throughout like the decode kernel. Tokens are padded to a multiple of 4.
+  A step of 8 tokens costs about twice a step of one (the FMAs themselves are then the bound),
+  where 8 single-token products cost 8 times; from 2 tokens on it beats the decode kernel, up
+  to 16 the float32 tile path below (by 1.2-2x; around 20 tokens the bfloat16 GEMM catches up).
 - prefill, more tokens: TILE_BYTES tiles of weight rows are dequantized exactly (ggml's formulas
   bit for bit, numba, parallel over rows) into a reused per-thread float32 scratch buffer and
   multiplied by a register-blocked numba GEMM (`gemm_f32`, parallel over row blocks). Per core it
@@ -25,10 +34,16 @@ Two paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `mat
   (40 ms instead of 10 ms for a 512x576x910 product here). Where the CPU has AVX512-BF16 the
   tile and the activations are rounded to bfloat16 and `gemm_bf16` multiplies them (vdpbf16ps:
   ~350 GFLOP/s on the two cores here against gemm_f32's ~200; see USE_BF16).
-  Dequantizing is ~2 % of the work at 512 tokens. From 4 tokens on this beats the decode kernel,
-  which streams the weights once per token.
+  Dequantizing is ~2 % of the work at 512 tokens.
 
-F32 weights are used in place on both paths (the GEMM reads them as they are).
+F32 weights are used in place by the GEMM, whatever the number of tokens.
+
+`matmul_id` is ggml_mul_mat_id, a mixture of experts' product: a 3-D tensor holds every expert's
+matrix and each token is multiplied by the few its router chose. It reads only the chosen
+experts: the pairs of experts only one token chose (all of them when decoding one sequence) go
+through one launch of the fused decode kernel over those experts' rows, and an expert chosen by
+more tokens takes them gathered through `matmul` (batch decode or prompt path), one product per
+expert (as ggml's CPU mul_mat_id groups a batch's rows by expert).
 """
 from __future__ import annotations
 
@@ -41,12 +56,14 @@ from .catalog import GGML_TYPES
 from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
 from .matmul_simd import HAS_AVX512_BF16
 
-__all__ = ["matmul", "embedding_rows", "supported_matmul_types",
-           "DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES", "PARALLEL_MIN_FLOPS",
-           "PARALLEL_MIN_VALUES"]
+__all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types",
+           "DECODE_MAX_TOKENS", "BATCH_DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES",
+           "PARALLEL_MIN_FLOPS", "PARALLEL_MIN_VALUES"]
 
-# Largest n_tokens computed with the fused decode kernel (above: dequantized tiles + GEMM).
-DECODE_MAX_TOKENS = 3
+# Largest n_tokens computed with the fused decode kernel, then with the batch decode kernel
+# (above: dequantized tiles + GEMM).
+DECODE_MAX_TOKENS = 1
+BATCH_DECODE_MAX_TOKENS = 16
 # Size of one dequantized float32 weight tile on the prefill path (one buffer per calling thread).
 TILE_BYTES = 2 << 20
 # Decode kernels on smaller weights, and GEMMs of fewer flops, run on the calling thread only.
@@ -110,7 +127,7 @@ def _dequant_rows(type_name: str, w: np.ndarray, rows: np.ndarray, out: np.ndarr
     if type_name == "F32":
         np.take(w.view(np.float32), rows, axis=0, out=out)
     elif out.shape[1] % 32 == 0:
-        KERNELS[type_name][2](w, rows, out, out.size < PARALLEL_MIN_VALUES)
+        KERNELS[type_name].rows(w, rows, out, out.size < PARALLEL_MIN_VALUES)
     elif type_name == "F16":  # rows of a length the kernels' 32-value blocks do not divide
         out[:] = w[rows].view(np.float16)
     else:  # BF16
@@ -170,7 +187,8 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"matmul: x of shape {x.shape} for a {type_name} weight with {k} "
                          f"in_features ({w.shape[1]} bytes a row)")
     n, n_out = x.shape[0], w.shape[0]
-    out = np.empty((n, n_out), np.float32)
+    batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % 32 == 0 and type_name != "F32"
+    out = np.empty((-(-n // 4) * 4 if batch else n, n_out), np.float32)  # whole tiles of 4
     if n == 0 or n_out == 0:
         pass
     elif k % 16:  # float types only: rows the 16-lane kernels cannot take; plain numpy
@@ -178,13 +196,74 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     elif type_name == "F32":
         _gemm(x, w.view(np.float32), out, 0)
     elif n <= DECODE_MAX_TOKENS and k % 32 == 0:
-        KERNELS[type_name][1](w, x, out, w.nbytes < PARALLEL_MIN_BYTES)
+        KERNELS[type_name].matvec(w, x, out, w.nbytes < PARALLEL_MIN_BYTES)
+    elif batch:
+        _batch_decode(type_name, w, x, out)
     elif USE_BF16 and k % 32 == 0:
         x16 = _bf16(x)
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm_bf16(x16, tile, out, r0))
     else:
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm(x, tile, out, r0))
-    return out[0] if squeeze else out
+    return out[0] if squeeze else out[:n]
+
+
+def _batch_decode(type_name: str, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T by the batch decode kernel, x's tokens padded with zero rows to out's
+    multiple of 4; on the calling thread alone for a product as small as a decode kernel's under
+    PARALLEL_MIN_BYTES (a token costs this kernel about a fourth of the decode kernel's time)."""
+    if out.shape[0] != x.shape[0]:
+        x = np.concatenate([x, np.zeros((out.shape[0] - x.shape[0], x.shape[1]), np.float32)])
+    KERNELS[type_name].matmat(w, x, out, w.nbytes * out.shape[0] < 4 * PARALLEL_MIN_BYTES)
+
+
+def matmul_id(type_name: str, experts: np.ndarray, x: np.ndarray, ids) -> np.ndarray:
+    """x times the matrices of the experts `ids` chose (ggml_mul_mat_id): float32
+    (n_tokens, n_used, out_features).
+
+    experts: uint8 (n_expert, out_features, row_bytes), each expert's rows of `type_name` blocks
+    one after the other (a 3-D GGUF tensor such as ffn_up_exps), C-contiguous.
+    ids: integers (n_tokens, n_used), the experts of each token.
+    x: float32 (n_tokens, in_features), one input for all of a token's experts, or
+    (n_tokens, n_used, in_features), one per expert (the down projection's).
+    """
+    if not isinstance(experts, np.ndarray) or experts.ndim != 3:
+        raise TypeError(f"{type_name} experts must be a 3-D uint8 array (n_expert, out_features, "
+                        f"row_bytes), got shape {getattr(experts, 'shape', type(experts))}")
+    n_expert, n_out, row_bytes = experts.shape
+    w, k = _weight(type_name, experts.reshape(n_expert * n_out, row_bytes))
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"matmul_id: expert ids must be integers (n_tokens, n_used), got "
+                        f"{ids.dtype} {ids.shape}")
+    n, n_used = ids.shape
+    flat = np.array(ids.reshape(-1), dtype=np.int64)  # private, writable: one specialization
+    if flat.size and (flat.min() < 0 or flat.max() >= n_expert):
+        raise IndexError(f"matmul_id: expert id out of range [0, {n_expert})")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape not in ((n, k), (n, n_used, k)):
+        raise ValueError(f"matmul_id: x of shape {x.shape} for {n} tokens of {n_used} experts "
+                         f"with {k} in_features")
+    x_rows = np.arange(n, dtype=np.int64).repeat(n_used) if x.ndim == 2 else \
+        np.arange(n * n_used, dtype=np.int64)
+    x = x.reshape(-1, k)
+    out = np.empty((flat.size, n_out), np.float32)
+    counts = np.bincount(flat, minlength=n_expert)
+    # pairs whose expert few tokens chose: the fused decode kernel (when the format has one)
+    few = DECODE_MAX_TOKENS if type_name in KERNELS and k % 32 == 0 else 0
+    pairs = np.flatnonzero(counts[flat] <= few)
+    if pairs.size:
+        fused = out if pairs.size == flat.size else np.empty((pairs.size, n_out), np.float32)
+        KERNELS[type_name].matvec_id(w, x, flat[pairs], x_rows[pairs], fused,
+                                       pairs.size * n_out * row_bytes < PARALLEL_MIN_BYTES)
+        if fused is not out:
+            out[pairs] = fused
+    if pairs.size < flat.size:  # the rest: one product per expert, its tokens gathered
+        order = np.argsort(flat, kind="stable")
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        for e in np.flatnonzero(counts > few):
+            p = order[starts[e]:starts[e + 1]]
+            out[p] = matmul(type_name, experts[e], x[x_rows[p]])
+    return out.reshape(n, n_used, n_out)
 
 
 def embedding_rows(type_name: str, weight: np.ndarray, token_ids) -> np.ndarray:

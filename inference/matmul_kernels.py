@@ -4,7 +4,8 @@ Per format (written with the 16-lane vectors of `matmul_simd`):
 
 - `_deq_<type>(w, bo, c)`: the c-th run of 16 consecutive values of the block starting at byte
   `bo` of the weight bytes `w`, dequantized with ggml's float32 formulas in ggml's operation order
-  (no fused multiply-add), so dequantized rows match `dequantize_row_*` bit for bit.
+  (no fused multiply-add), so dequantized rows match `dequantize_row_*` bit for bit (in the
+  fast-math batch decode kernels LLVM may fuse a scale and a min into one FMA: float32-accurate).
 - `_dot_<type>(...)`: one block times the matching slice of x, accumulated into two 16-lane
   accumulators with FMAs; scales are applied once per (sub-)block and min terms go through
   precomputed sums of x. float32-accurate, not bit-exact.
@@ -14,6 +15,11 @@ constants folded and its small loops unrolled) turn these into the kernels at th
 
 - `matvec_<type>(w, x, out, serial)`, decode: out[t, r] = x[t] . W[r], parallel over rows
   (`prange`), each weight row streamed once per token.
+- `matvec_id_<type>(w, x, experts, x_rows, out, serial)`, decode of a mixture of experts: the
+  fused decode kernel over the rows of the selected experts only (ggml_mul_mat_id's few-token
+  case), all (token, expert) pairs in one parallel launch.
+- `matmat_<type>(w, x, out, serial)`, batch decode: the same product for a few tokens (a multiple
+  of 4), each 16-value chunk of a row dequantized once for a tile of 8 (or 4) tokens.
 - `rows_<type>(w, rows, out, serial)`: out[i] = W[rows[i]], exact (prefill tiles, embeddings).
 - `gemm_f32(x, wt, out, r0, serial)`: a float32 GEMM for the dequantized tiles (and F32 weights).
 
@@ -42,6 +48,8 @@ Layouts (little-endian; d/dmin/m are IEEE halves) — see ggml/src/ggml-common.h
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 from numba.np.ufunc.parallel import _launch_threads
@@ -49,8 +57,8 @@ from numba.np.ufunc.parallel import _launch_threads
 from .matmul_simd import (
     ld, ld_f16, ld_i8, ld_u8, ld_u16, ld_u32,
     vadd, vbcast, vbf16, vcvt, vf16, vfma, vi8, viand, vibcast, viota, vior, vishl, vishr, vishrv,
-    visub, vload, vlut, vmul, vreduce16, vstore, vstore4, vstore4x4, vsub, vsum, vu8, vzero,
-    threads_get, threads_set, vdot_bf16, vload_bf16, vstore_bf16,
+    visub, vload, vlut, vmul, vreduce16, vstore, vstore2x8, vstore4, vstore4x4, vsub, vsum, vu8,
+    vzero, prefetch, threads_get, threads_set, vdot_bf16, vload_bf16, vstore_bf16,
 )
 
 _launch_threads()  # start numba's threading layer: registers the symbols threads_get/set call
@@ -76,6 +84,21 @@ def sums16(x):
 
 
 @njit(inline="always")
+def _row_dot(w, bo, x, xo, xs, so, nb, dot, BS, TS):
+    """One weight row (nb blocks from byte bo) . one token's activations (from xo; their
+    16-value sums from so): the inner loop of the decode kernels."""
+    a0 = vzero()
+    a1 = vzero()
+    ms = np.float32(0)
+    for _ in range(nb):
+        a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
+        bo += TS
+        xo += BS
+        so += BS // 16
+    return vsum(vadd(a0, a1)) + ms
+
+
+@njit(inline="always")
 def _matvec(w, x, out, serial, dot, BS, TS):
     """out[t, r] = x[t] . W[r]; `dot` accumulates one block (see `_dot_*`). With `serial`, the
     rows are done by the calling thread alone (no thread wake-up for a small matrix)."""
@@ -90,18 +113,31 @@ def _matvec(w, x, out, serial, dot, BS, TS):
     xs = sums16(x)
     for r in prange(nrows):
         for t in range(nt):
-            bo = r * rb
-            xo = t * k
-            so = t * (k // 16)
-            a0 = vzero()
-            a1 = vzero()
-            ms = np.float32(0)
-            for _ in range(nb):
-                a0, a1, ms = dot(w, bo, x, xo, xs, so, a0, a1, ms)
-                bo += TS
-                xo += BS
-                so += BS // 16
-            out[t, r] = vsum(vadd(a0, a1)) + ms
+            out[t, r] = _row_dot(w, r * rb, x, t * k, xs, t * (k // 16), nb, dot, BS, TS)
+    if serial:
+        threads_set(threads)
+
+
+@njit(inline="always")
+def _matvec_id(w, x, experts, x_rows, out, serial, dot, BS, TS):
+    """out[i, r] = x[x_rows[i]] . W[experts[i] * n_out + r] for every pair i: `w` holds the
+    experts' matrices one after the other (n_expert * n_out rows), `n_out` = out.shape[1]. Only
+    the selected experts' rows are read; the work is every row of every pair, spread over the
+    threads (unless `serial`)."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    rb = w.shape[1]
+    n_out = out.shape[1]
+    k = x.shape[1]
+    nb = k // BS
+    xs = sums16(x)
+    for job in prange(experts.shape[0] * n_out):
+        i = job // n_out
+        r = job - i * n_out
+        t = ld(x_rows, i)
+        out[i, r] = _row_dot(w, (ld(experts, i) * n_out + r) * rb, x, t * k, xs, t * (k // 16),
+                             nb, dot, BS, TS)
     if serial:
         threads_set(threads)
 
@@ -124,6 +160,136 @@ def _rows(w, rows, out, serial, deq, BS, TS, CH):
                 vstore(out, oo + 16 * c, deq(w, bo, c))
             bo += TS
             oo += BS
+    if serial:
+        threads_set(threads)
+
+
+
+@njit(inline="always")
+def _tile2x8(w, bo, rb, x, xo, k, nb, deq, BS, TS, CH, out, oo, N, pf):
+    """out.flat[oo + j * N + i] = x[token j] . W[row i] for 2 rows (the first at byte bo, rb bytes
+    apart) and 8 tokens (the first at xo, k values apart): 16 accumulators; each 16-value chunk
+    of the 2 rows is dequantized once and multiplied into the 8 tokens' activations.
+
+    Meanwhile the 2 rows' worth of bytes from byte pf on are prefetched, as many per block as the
+    tile reads: the hardware prefetchers do not follow the tile's interleaved rows, and a matrix
+    that is not in the caches (an LM head) took 4-5 times as long without."""
+    a00 = vzero(); a01 = vzero(); a02 = vzero(); a03 = vzero()  # noqa: E702
+    a04 = vzero(); a05 = vzero(); a06 = vzero(); a07 = vzero()  # noqa: E702
+    a10 = vzero(); a11 = vzero(); a12 = vzero(); a13 = vzero()  # noqa: E702
+    a14 = vzero(); a15 = vzero(); a16 = vzero(); a17 = vzero()  # noqa: E702
+    for _ in range(nb):
+        for p in range(0, 2 * TS, 64):
+            prefetch(w, pf + p)
+        pf += 2 * TS
+        for c in range(CH):
+            v0 = deq(w, bo, c)
+            v1 = deq(w, bo + rb, c)
+            o = xo + 16 * c
+            xv = vload(x, o)
+            a00 = vfma(v0, xv, a00); a10 = vfma(v1, xv, a10)  # noqa: E702
+            xv = vload(x, o + k)
+            a01 = vfma(v0, xv, a01); a11 = vfma(v1, xv, a11)  # noqa: E702
+            xv = vload(x, o + 2 * k)
+            a02 = vfma(v0, xv, a02); a12 = vfma(v1, xv, a12)  # noqa: E702
+            xv = vload(x, o + 3 * k)
+            a03 = vfma(v0, xv, a03); a13 = vfma(v1, xv, a13)  # noqa: E702
+            xv = vload(x, o + 4 * k)
+            a04 = vfma(v0, xv, a04); a14 = vfma(v1, xv, a14)  # noqa: E702
+            xv = vload(x, o + 5 * k)
+            a05 = vfma(v0, xv, a05); a15 = vfma(v1, xv, a15)  # noqa: E702
+            xv = vload(x, o + 6 * k)
+            a06 = vfma(v0, xv, a06); a16 = vfma(v1, xv, a16)  # noqa: E702
+            xv = vload(x, o + 7 * k)
+            a07 = vfma(v0, xv, a07); a17 = vfma(v1, xv, a17)  # noqa: E702
+        bo += TS
+        xo += BS
+    # lane 2j + i = token j, row i
+    vstore2x8(out, oo, N, vreduce16(a00, a10, a01, a11, a02, a12, a03, a13,
+                                    a04, a14, a05, a15, a06, a16, a07, a17), False)
+
+
+@njit(inline="always")
+def _tile4x4(w, bo, rb, x, xo, k, nb, deq, BS, TS, CH, out, oo, N, pf):
+    """`_tile2x8`'s product (and prefetching) for 4 rows and 4 tokens (the batch's last 4)."""
+    a00 = vzero(); a01 = vzero(); a02 = vzero(); a03 = vzero()  # noqa: E702
+    a10 = vzero(); a11 = vzero(); a12 = vzero(); a13 = vzero()  # noqa: E702
+    a20 = vzero(); a21 = vzero(); a22 = vzero(); a23 = vzero()  # noqa: E702
+    a30 = vzero(); a31 = vzero(); a32 = vzero(); a33 = vzero()  # noqa: E702
+    for _ in range(nb):
+        for p in range(0, 4 * TS, 64):
+            prefetch(w, pf + p)
+        pf += 4 * TS
+        for c in range(CH):
+            v0 = deq(w, bo, c)
+            v1 = deq(w, bo + rb, c)
+            v2 = deq(w, bo + 2 * rb, c)
+            v3 = deq(w, bo + 3 * rb, c)
+            o = xo + 16 * c
+            xv = vload(x, o)
+            a00 = vfma(v0, xv, a00); a10 = vfma(v1, xv, a10)  # noqa: E702
+            a20 = vfma(v2, xv, a20); a30 = vfma(v3, xv, a30)  # noqa: E702
+            xv = vload(x, o + k)
+            a01 = vfma(v0, xv, a01); a11 = vfma(v1, xv, a11)  # noqa: E702
+            a21 = vfma(v2, xv, a21); a31 = vfma(v3, xv, a31)  # noqa: E702
+            xv = vload(x, o + 2 * k)
+            a02 = vfma(v0, xv, a02); a12 = vfma(v1, xv, a12)  # noqa: E702
+            a22 = vfma(v2, xv, a22); a32 = vfma(v3, xv, a32)  # noqa: E702
+            xv = vload(x, o + 3 * k)
+            a03 = vfma(v0, xv, a03); a13 = vfma(v1, xv, a13)  # noqa: E702
+            a23 = vfma(v2, xv, a23); a33 = vfma(v3, xv, a33)  # noqa: E702
+        bo += TS
+        xo += BS
+    # lane 4j + i = token j, row i
+    vstore4x4(out, oo, N, vreduce16(a00, a10, a20, a30, a01, a11, a21, a31,
+                                    a02, a12, a22, a32, a03, a13, a23, a33), False)
+
+
+@njit(inline="always")
+def _matmat(w, x, out, serial, deq, BS, TS, CH):
+    """out[t, r] = x[t] . W[r] for a few tokens (a decode step of several sequences); the token
+    count must be a multiple of 4 (the caller pads).
+
+    As ggml's mul_mat, which reads each weight block once for all of a batch's tokens, the
+    weights are unpacked once per tile of tokens rather than once per token: tiles of 2 rows x
+    8 tokens (`_tile2x8`; 4 x 4 for a last group of 4 tokens) keep 16 accumulators in registers,
+    and each dequantized 16-value chunk (`deq`) feeds 8 (4) FMAs. Dequantizing first applies
+    the scales once per chunk for all the tile's tokens, where the `_dot_*` form would apply them
+    once per token (cheaper for one token only). At 8 tokens the FMAs themselves are the bound
+    (one per 16 values per token). Parallel over blocks of 4 rows unless `serial` (each work item
+    prefetches the next one's rows); the last nrows % 4 rows one at a time."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    nrows = w.shape[0]
+    rb = w.shape[1]
+    nt = x.shape[0]
+    k = x.shape[1]
+    N = out.shape[1]
+    nb = k // BS
+    for rq in prange(nrows // 4):
+        r = 4 * rq
+        t = 0
+        while t + 8 <= nt:
+            _tile2x8(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, CH, out, t * N + r, N,
+                     (r + 4) * rb)
+            _tile2x8(w, (r + 2) * rb, rb, x, t * k, k, nb, deq, BS, TS, CH, out, t * N + r + 2, N,
+                     (r + 6) * rb)
+            t += 8
+        if t < nt:
+            _tile4x4(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, CH, out, t * N + r, N,
+                     (r + 4) * rb)
+    for r in range(nrows // 4 * 4, nrows):
+        for t in range(nt):
+            a = vzero()
+            bo = r * rb
+            xo = t * k
+            for _ in range(nb):
+                for c in range(CH):
+                    a = vfma(deq(w, bo, c), vload(x, xo + 16 * c), a)
+                bo += TS
+                xo += BS
+            out[t, r] = vsum(a)
     if serial:
         threads_set(threads)
 
@@ -667,11 +833,23 @@ def gemm_nn_f32(x, w, c0, out, serial):
 
 # ================================================================== kernels
 # matvec_<T>(w, x, out, serial): out (n_tokens, n_out) = x @ W.T  (parallel over rows)
+# matvec_id_<T>(w, x, experts, x_rows, out, serial): out (n_pairs, n_out), selected experts' rows
+# matmat_<T>(w, x, out, serial): x @ W.T for n_tokens a multiple of 4 (tiles of tokens)
 # rows_<T>(w, rows, out, serial): out (len(rows), n_in) = W[rows] (parallel over rows, bit-exact)
 
 @njit(parallel=True, **_JIT)
 def matvec_q4_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_0, 32, 18)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_0, 32, 18)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q4_0(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q4_0, 32, 18, 2)
 
 
 @njit(parallel=True, **_EXACT)
@@ -684,6 +862,16 @@ def matvec_q4_1(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_1, 32, 20)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_1(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_1, 32, 20)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q4_1(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q4_1, 32, 20, 2)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q4_1(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q4_1, 32, 20, 2)
@@ -692,6 +880,16 @@ def rows_q4_1(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q5_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_0, 32, 22)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_0, 32, 22)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q5_0(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q5_0, 32, 22, 2)
 
 
 @njit(parallel=True, **_EXACT)
@@ -704,6 +902,16 @@ def matvec_q5_1(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_1, 32, 24)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_1(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_1, 32, 24)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q5_1(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q5_1, 32, 24, 2)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q5_1(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q5_1, 32, 24, 2)
@@ -712,6 +920,16 @@ def rows_q5_1(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q8_0(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q8_0, 32, 34)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q8_0(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q8_0, 32, 34)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q8_0(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q8_0, 32, 34, 2)
 
 
 @njit(parallel=True, **_EXACT)
@@ -724,6 +942,16 @@ def matvec_iq4_nl(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_iq4_nl, 32, 18)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_iq4_nl(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_nl, 32, 18)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_iq4_nl(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_iq4_nl, 32, 18, 2)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_iq4_nl(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_iq4_nl, 32, 18, 2)
@@ -732,6 +960,16 @@ def rows_iq4_nl(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_f16(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_f16, 32, 64)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_f16(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_f16, 32, 64)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_f16(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_f16, 32, 64, 2)
 
 
 @njit(parallel=True, **_EXACT)
@@ -744,6 +982,16 @@ def matvec_bf16(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_bf16, 32, 64)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_bf16(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_bf16, 32, 64)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_bf16(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_bf16, 32, 64, 2)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_bf16(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_bf16, 32, 64, 2)
@@ -752,6 +1000,16 @@ def rows_bf16(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q2_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q2_k, 256, 84)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q2_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q2_k, 256, 84)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q2_k(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q2_k, 256, 84, 16)
 
 
 @njit(parallel=True, **_EXACT)
@@ -764,6 +1022,16 @@ def matvec_q3_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q3_k, 256, 110)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q3_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q3_k, 256, 110)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q3_k(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q3_k, 256, 110, 16)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q3_k(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q3_k, 256, 110, 16)
@@ -772,6 +1040,16 @@ def rows_q3_k(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q4_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q4_k, 256, 144)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q4_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_k, 256, 144)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q4_k(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q4_k, 256, 144, 16)
 
 
 @njit(parallel=True, **_EXACT)
@@ -784,6 +1062,16 @@ def matvec_q5_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q5_k, 256, 176)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_q5_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_k, 256, 176)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q5_k(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q5_k, 256, 176, 16)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_q5_k(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_q5_k, 256, 176, 16)
@@ -792,6 +1080,16 @@ def rows_q5_k(w, rows, out, serial):
 @njit(parallel=True, **_JIT)
 def matvec_q6_k(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_q6_k, 256, 210)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id_q6_k(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_q6_k, 256, 210)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_q6_k(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_q6_k, 256, 210, 16)
 
 
 @njit(parallel=True, **_EXACT)
@@ -804,25 +1102,44 @@ def matvec_iq4_xs(w, x, out, serial):
     _matvec(w, x, out, serial, _dot_iq4_xs, 256, 136)
 
 
+@njit(parallel=True, **_JIT)
+def matvec_id_iq4_xs(w, x, experts, x_rows, out, serial):
+    _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_xs, 256, 136)
+
+
+@njit(parallel=True, **_JIT)
+def matmat_iq4_xs(w, x, out, serial):
+    _matmat(w, x, out, serial, _deq_iq4_xs, 256, 136, 16)
+
+
 @njit(parallel=True, **_EXACT)
 def rows_iq4_xs(w, rows, out, serial):
     _rows(w, rows, out, serial, _deq_iq4_xs, 256, 136, 16)
 
 
-# type name -> (block size BS, matvec kernel, rows kernel)
-KERNELS = {
-    "Q4_0": (32, matvec_q4_0, rows_q4_0),
-    "Q4_1": (32, matvec_q4_1, rows_q4_1),
-    "Q5_0": (32, matvec_q5_0, rows_q5_0),
-    "Q5_1": (32, matvec_q5_1, rows_q5_1),
-    "Q8_0": (32, matvec_q8_0, rows_q8_0),
-    "IQ4_NL": (32, matvec_iq4_nl, rows_iq4_nl),
-    "F16": (32, matvec_f16, rows_f16),
-    "BF16": (32, matvec_bf16, rows_bf16),
-    "Q2_K": (256, matvec_q2_k, rows_q2_k),
-    "Q3_K": (256, matvec_q3_k, rows_q3_k),
-    "Q4_K": (256, matvec_q4_k, rows_q4_k),
-    "Q5_K": (256, matvec_q5_k, rows_q5_k),
-    "Q6_K": (256, matvec_q6_k, rows_q6_k),
-    "IQ4_XS": (256, matvec_iq4_xs, rows_iq4_xs),
+class TypeKernels(NamedTuple):
+    """One weight type's kernels (see the module's docstring for each)."""
+    block_size: int
+    matvec: object
+    rows: object
+    matvec_id: object
+    matmat: object
+
+
+# type name -> its kernels
+KERNELS: dict[str, TypeKernels] = {
+    "Q4_0": TypeKernels(32, matvec_q4_0, rows_q4_0, matvec_id_q4_0, matmat_q4_0),
+    "Q4_1": TypeKernels(32, matvec_q4_1, rows_q4_1, matvec_id_q4_1, matmat_q4_1),
+    "Q5_0": TypeKernels(32, matvec_q5_0, rows_q5_0, matvec_id_q5_0, matmat_q5_0),
+    "Q5_1": TypeKernels(32, matvec_q5_1, rows_q5_1, matvec_id_q5_1, matmat_q5_1),
+    "Q8_0": TypeKernels(32, matvec_q8_0, rows_q8_0, matvec_id_q8_0, matmat_q8_0),
+    "IQ4_NL": TypeKernels(32, matvec_iq4_nl, rows_iq4_nl, matvec_id_iq4_nl, matmat_iq4_nl),
+    "F16": TypeKernels(32, matvec_f16, rows_f16, matvec_id_f16, matmat_f16),
+    "BF16": TypeKernels(32, matvec_bf16, rows_bf16, matvec_id_bf16, matmat_bf16),
+    "Q2_K": TypeKernels(256, matvec_q2_k, rows_q2_k, matvec_id_q2_k, matmat_q2_k),
+    "Q3_K": TypeKernels(256, matvec_q3_k, rows_q3_k, matvec_id_q3_k, matmat_q3_k),
+    "Q4_K": TypeKernels(256, matvec_q4_k, rows_q4_k, matvec_id_q4_k, matmat_q4_k),
+    "Q5_K": TypeKernels(256, matvec_q5_k, rows_q5_k, matvec_id_q5_k, matmat_q5_k),
+    "Q6_K": TypeKernels(256, matvec_q6_k, rows_q6_k, matvec_id_q6_k, matmat_q6_k),
+    "IQ4_XS": TypeKernels(256, matvec_iq4_xs, rows_iq4_xs, matvec_id_iq4_xs, matmat_iq4_xs),
 }

@@ -262,6 +262,24 @@ def vlut(typingctx, table, a):
     return f32x16(table, i32x16), cg
 
 
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """a hint to bring the cache line of byte idx of a uint8 array into the caches (llvm.prefetch:
+    never faults, so idx may lie past the end)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        p = builder.inttoptr(builder.add(builder.ptrtoint(a.data, _i64), args[1]), _i8.as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, _i32, _i32, _i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # read, highest locality, data cache
+        builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+        return context.get_dummy_value()
+    return types.void(arr, types.intp), cg
+
+
 # ------------------------------------------------------------------ int32 vectors
 
 @intrinsic
@@ -369,16 +387,17 @@ def vreduce16(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, 
     return f32x16(*([f32x16] * 16)), cg
 
 
-def _store_quads(context, builder, aty, arr, idx, stride, v, accumulate, n_quads):
+def _store_groups(context, builder, aty, arr, idx, stride, v, accumulate, width, n_groups):
+    """arr.flat[idx + j * stride + i] (+)= v[width * j + i] for i < width, j < n_groups"""
     a = context.make_array(aty)(context, builder, arr)
-    v4 = ir.VectorType(_f32, 4)
+    vg = ir.VectorType(_f32, width)
     acc = builder.icmp_unsigned("!=", accumulate, ir.Constant(accumulate.type, 0))
-    for j in range(n_quads):
-        lanes = ir.Constant(ir.VectorType(_i32, 4), [4 * j + i for i in range(4)])
+    for j in range(n_groups):
+        lanes = ir.Constant(ir.VectorType(_i32, width), [width * j + i for i in range(width)])
         part = builder.shuffle_vector(v, v, lanes)
         off = builder.add(idx, builder.mul(stride, ir.Constant(_i64, j)))
-        p = builder.bitcast(builder.gep(a.data, [off], inbounds=True), v4.as_pointer())
-        old = builder.load(p, align=4, typ=v4)
+        p = builder.bitcast(builder.gep(a.data, [off], inbounds=True), vg.as_pointer())
+        old = builder.load(p, align=4, typ=vg)
         builder.store(builder.select(acc, builder.fadd(old, part), part), p, align=4)
     return context.get_dummy_value()
 
@@ -391,7 +410,21 @@ def vstore4x4(typingctx, arr, idx, stride, v, accumulate):
         return None
 
     def cg(context, builder, sig, args):
-        return _store_quads(context, builder, sig.args[0], args[0], args[1], args[2], args[3], args[4], 4)
+        return _store_groups(context, builder, sig.args[0], args[0], args[1], args[2], args[3],
+                             args[4], 4, 4)
+    return types.void(arr, types.intp, types.intp, f32x16, types.boolean), cg
+
+
+@intrinsic
+def vstore2x8(typingctx, arr, idx, stride, v, accumulate):
+    """arr.flat[idx + j * stride + i] (+)= v[2j + i] for i < 2, j < 8 (float32 array): a tile of
+    2 columns by 8 rows; adds to the values there when `accumulate`"""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.float32):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _store_groups(context, builder, sig.args[0], args[0], args[1], args[2], args[3],
+                             args[4], 2, 8)
     return types.void(arr, types.intp, types.intp, f32x16, types.boolean), cg
 
 
@@ -402,8 +435,8 @@ def vstore4(typingctx, arr, idx, v, accumulate):
         return None
 
     def cg(context, builder, sig, args):
-        return _store_quads(context, builder, sig.args[0], args[0], args[1], ir.Constant(_i64, 0),
-                            args[2], args[3], 1)
+        return _store_groups(context, builder, sig.args[0], args[0], args[1],
+                             ir.Constant(_i64, 0), args[2], args[3], 4, 1)
     return types.void(arr, types.intp, f32x16, types.boolean), cg
 
 

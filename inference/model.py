@@ -345,7 +345,8 @@ class Model:
 
     def _decode_graphs(self):
         """CUDA graphs for decode steps when one GPU runs the whole model (cuda/graphs.py)."""
-        if len(self.backends) != 1 or self.backends[0].device is None:
+        if len(self.backends) != 1 or self.backends[0].device is None \
+                or not self.arch.graph_capturable:
             return None
         from .cuda.graphs import DecodeGraphs, graphs_enabled
         return DecodeGraphs(self.backends[0]) if graphs_enabled() else None
@@ -421,11 +422,13 @@ class Model:
 
     def embed(self, sequences: Sequence[Sequence[int]], pooling: str) -> np.ndarray:
         """Pooled embeddings, float32 (len(sequences), n_embd), not normalized: each sequence
-        evaluated on its own from position 0 (several share a micro-batch of up to n_ubatch
-        tokens, each seeing only its own tokens) and its hidden states after the final norm
+        evaluated on its own from position 0 and its hidden states after the final norm
         pooled by `pooling` ("mean", "cls": the first token's, "last"), as llama.cpp's
-        build_pooling. The KV cache is not touched. ValueError for an empty or too long
-        sequence, a token outside the vocabulary, or an unknown pooling."""
+        build_pooling. One forward pass per sequence, never several in one batch: the matmul
+        path depends on a batch's token count (short batches take the float32 batch-decode
+        kernel, longer ones the bfloat16 GEMM), so batching would make a text's vector depend
+        on the texts sent with it. The KV cache is not touched. ValueError for an empty or too
+        long sequence, a token outside the vocabulary, or an unknown pooling."""
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
         seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in sequences]
@@ -435,13 +438,10 @@ class Model:
                                  f"{self.max_embed_tokens}")
             self._check_tokens(ids)
         out = np.empty((len(seqs), self.hparams.n_embd), np.float32)
-        for group in _micro_batches([s.size for s in seqs], self.n_ubatch):
-            lengths = [seqs[i].size for i in group]
-            ctx = EmbeddingContext(
-                self, np.concatenate([seqs[i] for i in group]),
-                np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]),
-                np.repeat(np.arange(len(group)), lengths))
-            out[group] = pool(self.arch.forward(ctx, self.weights), lengths, pooling)
+        for i, ids in enumerate(seqs):
+            ctx = EmbeddingContext(self, ids, np.arange(ids.size, dtype=np.int64),
+                                   np.zeros(ids.size, np.int64))
+            out[i] = pool(self.arch.forward(ctx, self.weights), [ids.size], pooling)[0]
         return out
 
     def _continue_positions(self, batch: Batch) -> np.ndarray:
@@ -460,17 +460,3 @@ class Model:
         position 0 (its old cells are dropped first): float32 (len(token_ids), n_vocab)."""
         self.kv.seq_rm(seq_id, -1, -1)
         return self.decode(Batch(token_ids, pos=0, seq_ids=seq_id, logits=True))
-
-
-def _micro_batches(lengths: Sequence[int], n_ubatch: int) -> list[list[int]]:
-    """Consecutive indices of sequences grouped so that each group has at most n_ubatch tokens
-    (a longer sequence alone in its group: a sequence is never split)."""
-    groups: list[list[int]] = []
-    total = 0
-    for i, n in enumerate(lengths):
-        if not groups or total + n > n_ubatch:
-            groups.append([])
-            total = 0
-        groups[-1].append(i)
-        total += n
-    return groups

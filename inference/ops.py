@@ -291,8 +291,10 @@ def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float,
     return s
 
 
-# at most this many query tokens go through the fused kernel (decode); more through the GEMM
-ATTN_FUSED_MAX_TOKENS = 8
+# at most this many query tokens go through the fused kernel (decode); more through the GEMM.
+# A decode step of 16 sequences takes a sixth of the GEMM path's time in the fused kernel (each
+# token visits its own sequence's cells alone); 16 tokens of one sequence over 2000 cells, 1.6x.
+ATTN_FUSED_MAX_TOKENS = 16
 # query rows per GEMM chunk: causal masks let a chunk skip the cells after its last token, so
 # smaller chunks skip more (64 of 512 tokens: 56 % of the full score matrix is computed)
 ATTN_CHUNK_TOKENS = 64
@@ -441,9 +443,13 @@ def _kv_vec_impl(a, row, col):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _scores16(q, qo, k, ko, j, d_k, s, so):
-    """s.flat[so + i] = q.flat[qo : qo + d_k] . (row j + i of k from value ko), i < 16: one
-    accumulator per cell, reduced together (no horizontal sum per cell)."""
+def _scores16(q, qo, k, ko, cells, m, d_k, s, so):
+    """s.flat[so + i] = q.flat[qo : qo + d_k] . (row cells[m + i] of k from value ko), i < 16:
+    one accumulator per cell, reduced together (no horizontal sum per cell)."""
+    j0 = cells[m]; j1 = cells[m + 1]; j2 = cells[m + 2]; j3 = cells[m + 3]  # noqa: E702
+    j4 = cells[m + 4]; j5 = cells[m + 5]; j6 = cells[m + 6]; j7 = cells[m + 7]  # noqa: E702
+    j8 = cells[m + 8]; j9 = cells[m + 9]; j10 = cells[m + 10]; j11 = cells[m + 11]  # noqa: E702
+    j12 = cells[m + 12]; j13 = cells[m + 13]; j14 = cells[m + 14]; j15 = cells[m + 15]  # noqa: E702
     a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
     a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
     a8 = vzero(); a9 = vzero(); a10 = vzero(); a11 = vzero()  # noqa: E702
@@ -451,31 +457,77 @@ def _scores16(q, qo, k, ko, j, d_k, s, so):
     for c in range(0, d_k, 16):
         qv = vload(q, qo + c)
         col = ko + c
-        a0 = vfma(qv, _kv_vec(k, j, col), a0)
-        a1 = vfma(qv, _kv_vec(k, j + 1, col), a1)
-        a2 = vfma(qv, _kv_vec(k, j + 2, col), a2)
-        a3 = vfma(qv, _kv_vec(k, j + 3, col), a3)
-        a4 = vfma(qv, _kv_vec(k, j + 4, col), a4)
-        a5 = vfma(qv, _kv_vec(k, j + 5, col), a5)
-        a6 = vfma(qv, _kv_vec(k, j + 6, col), a6)
-        a7 = vfma(qv, _kv_vec(k, j + 7, col), a7)
-        a8 = vfma(qv, _kv_vec(k, j + 8, col), a8)
-        a9 = vfma(qv, _kv_vec(k, j + 9, col), a9)
-        a10 = vfma(qv, _kv_vec(k, j + 10, col), a10)
-        a11 = vfma(qv, _kv_vec(k, j + 11, col), a11)
-        a12 = vfma(qv, _kv_vec(k, j + 12, col), a12)
-        a13 = vfma(qv, _kv_vec(k, j + 13, col), a13)
-        a14 = vfma(qv, _kv_vec(k, j + 14, col), a14)
-        a15 = vfma(qv, _kv_vec(k, j + 15, col), a15)
+        a0 = vfma(qv, _kv_vec(k, j0, col), a0)
+        a1 = vfma(qv, _kv_vec(k, j1, col), a1)
+        a2 = vfma(qv, _kv_vec(k, j2, col), a2)
+        a3 = vfma(qv, _kv_vec(k, j3, col), a3)
+        a4 = vfma(qv, _kv_vec(k, j4, col), a4)
+        a5 = vfma(qv, _kv_vec(k, j5, col), a5)
+        a6 = vfma(qv, _kv_vec(k, j6, col), a6)
+        a7 = vfma(qv, _kv_vec(k, j7, col), a7)
+        a8 = vfma(qv, _kv_vec(k, j8, col), a8)
+        a9 = vfma(qv, _kv_vec(k, j9, col), a9)
+        a10 = vfma(qv, _kv_vec(k, j10, col), a10)
+        a11 = vfma(qv, _kv_vec(k, j11, col), a11)
+        a12 = vfma(qv, _kv_vec(k, j12, col), a12)
+        a13 = vfma(qv, _kv_vec(k, j13, col), a13)
+        a14 = vfma(qv, _kv_vec(k, j14, col), a14)
+        a15 = vfma(qv, _kv_vec(k, j15, col), a15)
     vstore(s, so, vreduce16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14,
                             a15))
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _visible_cells(mask, t, cells):
+    """cells[:m] = the cells token t may see (mask above -inf), in order; returns m."""
+    m = 0
+    for j in range(mask.shape[1]):
+        if mask[t, j] != -np.inf:
+            cells[m] = j
+            m += 1
+    return m
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
+    """o.flat[oo : oo + d_v] = sum over i < span of s[r, i] * (row cells[i] of v from value vo):
+    64 values (four accumulators) at a time, so that each row's weight and address serve four
+    vectors; 16 at a time for the rest, two cells at a time (two FMA chains)."""
+    c = 0
+    while c + 64 <= d_v:
+        a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
+        col = vo + c
+        for i in range(span):
+            p = vbcast(s[r, i])
+            j = cells[i]
+            a0 = vfma(p, _kv_vec(v, j, col), a0)
+            a1 = vfma(p, _kv_vec(v, j, col + 16), a1)
+            a2 = vfma(p, _kv_vec(v, j, col + 32), a2)
+            a3 = vfma(p, _kv_vec(v, j, col + 48), a3)
+        vstore(o, oo + c, a0); vstore(o, oo + c + 16, a1)  # noqa: E702
+        vstore(o, oo + c + 32, a2); vstore(o, oo + c + 48, a3)  # noqa: E702
+        c += 64
+    while c < d_v:
+        a0 = vzero(); a1 = vzero()  # noqa: E702
+        col = vo + c
+        i = 0
+        while i + 2 <= span:
+            a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
+            a1 = vfma(vbcast(s[r, i + 1]), _kv_vec(v, cells[i + 1], col), a1)
+            i += 2
+        if i < span:
+            a0 = vfma(vbcast(s[r, i]), _kv_vec(v, cells[i], col), a0)
+        vstore(o, oo + c, vadd(a0, a1))
+        c += 16
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
-def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, cells, out, serial):
+def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, piece, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
-    # out (n, H, Dv). Work item = (token, KV head, piece of `cells` cells): scores, their max m,
+    # out (n, H, Dv). Only the cells a token can see are visited, listed first (in a batch of
+    # several sequences each token sees its own sequence's cells alone, scattered over the
+    # cache). Work item = (token, KV head, piece of `piece` of those cells): scores, their max m,
     # sum l and the p-weighted V rows o, merged afterwards as exp(m - M)-weighted sums.
     threads = threads_get()
     if serial:
@@ -484,7 +536,11 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, cells, out, seri
     d_v = out.shape[2]
     n_kv = mask.shape[1]
     grp = n_head // n_head_kv
-    n_pieces = (n_kv + cells - 1) // cells
+    visible = np.empty((n, n_kv), np.int32)
+    counts = np.empty(n, np.int64)
+    for t in numba.prange(n):
+        counts[t] = _visible_cells(mask, t, visible[t])
+    n_pieces = max(1, (counts.max() + piece - 1) // piece)
     items = n * n_head_kv * n_pieces
     part_m = np.empty((items, grp), np.float32)
     part_l = np.empty((items, grp), np.float32)
@@ -492,59 +548,40 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, cells, out, seri
     for it in numba.prange(items):
         t = it // (n_head_kv * n_pieces)
         g = (it // n_pieces) % n_head_kv
-        j0 = (it % n_pieces) * cells
-        j1 = min(n_kv, j0 + cells)
-        span = j1 - j0
-        visible = False
-        for j in range(j0, j1):
-            if mask[t, j] != -np.inf:
-                visible = True
-                break
-        if not visible:  # a piece wholly outside the window (or not this sequence's): skipped
+        m0 = (it % n_pieces) * piece
+        span = min(counts[t], m0 + piece) - m0
+        if span <= 0:  # nothing visible (or fewer pieces for this token): skipped
             for r in range(grp):
                 part_m[it, r] = -np.inf
                 part_l[it, r] = 0.0
             continue
+        cells = visible[t, m0:m0 + span]
         s = np.empty((grp, span), np.float32)
         for r in range(grp):
             qo = (t * n_head + g * grp + r) * d_k
             ko = g * d_k
-            for jb in range(j0, j1, 16):
-                if jb + 16 <= j1:
-                    _scores16(q, qo, k, ko, jb, d_k, s, r * span + jb - j0)
+            for mb in range(0, span, 16):
+                if mb + 16 <= span:
+                    _scores16(q, qo, k, ko, cells, mb, d_k, s, r * span + mb)
                 else:  # the last cells one at a time
-                    for j in range(jb, j1):
+                    for i in range(mb, span):
                         acc = vzero()
                         for c in range(0, d_k, 16):
-                            acc = vfma(vload(q, qo + c), _kv_vec(k, j, ko + c), acc)
-                        s[r, j - j0] = vsum(acc)
+                            acc = vfma(vload(q, qo + c), _kv_vec(k, cells[i], ko + c), acc)
+                        s[r, i] = vsum(acc)
             mx = np.float32(-np.inf)
-            for j in range(j0, j1):
-                x = _softcapped(s[r, j - j0], softcap) * scale + mask[t, j]
-                s[r, j - j0] = x
+            for i in range(span):
+                x = _softcapped(s[r, i], softcap) * scale + mask[t, cells[i]]
+                s[r, i] = x
                 mx = max(mx, x)
             total = np.float32(0.0)
-            for j in range(j1 - j0):
-                e = exp_f32(s[r, j] - mx) if mx != -np.inf else np.float32(0.0)
-                s[r, j] = e
+            for i in range(span):
+                e = exp_f32(s[r, i] - mx) if mx != -np.inf else np.float32(0.0)
+                s[r, i] = e
                 total += e
             part_m[it, r] = mx
             part_l[it, r] = total
-            for c in range(0, d_v, 16):
-                col = g * d_v + c
-                # four chains of FMAs: one would wait on each FMA's latency
-                a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
-                j = j0
-                while j + 4 <= j1:
-                    a0 = vfma(vbcast(s[r, j - j0]), _kv_vec(v, j, col), a0)
-                    a1 = vfma(vbcast(s[r, j + 1 - j0]), _kv_vec(v, j + 1, col), a1)
-                    a2 = vfma(vbcast(s[r, j + 2 - j0]), _kv_vec(v, j + 2, col), a2)
-                    a3 = vfma(vbcast(s[r, j + 3 - j0]), _kv_vec(v, j + 3, col), a3)
-                    j += 4
-                while j < j1:
-                    a0 = vfma(vbcast(s[r, j - j0]), _kv_vec(v, j, col), a0)
-                    j += 1
-                vstore(part_o, (it * grp + r) * d_v + c, vadd(vadd(a0, a1), vadd(a2, a3)))
+            _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o, (it * grp + r) * d_v)
     for t in range(n):
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces

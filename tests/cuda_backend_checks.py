@@ -98,8 +98,10 @@ def cuda_backend(device=0):
 
 def write_tiny_model(directory, family="llama", type_name="Q8_0") -> pathlib.Path:
     """A 2-layer model of width 32 over a vocabulary of single characters (BOS, EOS and CHARS):
-    llama (untied output) or gemma3 (tied, sliding window of 4 on every other layer)."""
-    from synthetic_models import decoder_metadata, embeddings, llama_layers, matrix, norm
+    llama (untied output), gemma3 (tied, sliding window of 4 on every other layer) or qwen3moe
+    (4 experts of 32, 2 chosen per token)."""
+    from synthetic_models import (decoder_metadata, embeddings, llama_layers, matrix, moe_ffn,
+                                  norm, qk_norms, without_dense_ffn)
 
     from llamatui.inference.gguf import GGUFValueType, GGUFWriter, ValueType
     from llamatui.quantizer.rows import quantize
@@ -119,6 +121,12 @@ def write_tiny_model(directory, family="llama", type_name="Q8_0") -> pathlib.Pat
         metadata = decoder_metadata("gemma3", head_dim=head_dim, rope_base=1e6, **shape,
                                     **{"attention.sliding_window": 4,
                                        "attention.sliding_window_pattern": 2})
+    elif family == "qwen3moe":
+        tensors = {**without_dense_ffn(tensors), **qk_norms(rng, 2, head_dim),
+                   **moe_ffn(rng, 2, n_embd, 4, 32)}
+        tensors["output.weight"] = matrix(rng, n_vocab, n_embd, gain=3.0)
+        metadata = decoder_metadata("qwen3moe", head_dim=head_dim, rope_base=1e6, **shape, **{
+            "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32})
     else:
         tensors["output.weight"] = matrix(rng, n_vocab, n_embd, gain=3.0)
         metadata = decoder_metadata("llama", head_dim=head_dim, **shape,
@@ -145,7 +153,8 @@ def write_tiny_model(directory, family="llama", type_name="Q8_0") -> pathlib.Pat
         if array.ndim == 1:
             w.add_tensor(name, "F32", array.shape, array)
         else:
-            w.add_tensor(name, type_name, array.shape, quantize(type_name, array))
+            w.add_tensor(name, type_name, array.shape,
+                         quantize(type_name, array.reshape(-1, array.shape[-1])))
     w.write()
     return path
 
@@ -201,6 +210,46 @@ def check_backend_matmul():
             else:
                 xw, ww = x.astype(np.float64), wf.astype(np.float64)
             assert_close(got, xw @ ww.T, np.abs(xw) @ np.abs(ww).T, f"{type_name} x {n}")
+
+
+@check("backend_matmul_id")
+def check_backend_matmul_id():
+    """Mixture-of-experts products: each (token, expert) pair times its expert's matrix, with
+    one input per token and one per pair, in decode sizes (every expert's group through the
+    fused kernel) and a prompt's (large groups through fp16 tiles and a GEMM); weighted_sum
+    is the CPU's, bit for bit."""
+    from cuda_checks import N_VALUES, cpu_dequantize, weight_rows
+
+    from llamatui.inference.backend import CPUBackend
+    from llamatui.inference.cuda.matvec import MAX_TOKENS
+    rng = check_rng(26)
+    be, cpu = cuda_backend(), CPUBackend()
+    n_expert, n_out, n_used = 4, 3, 2
+    for type_name in ("F32", "F16", "Q8_0", "Q4_K", "Q6_K"):
+        rows = weight_rows(type_name, n_expert * n_out, rng)[:n_expert * n_out]
+        values = cpu_dequantize(type_name, rows).reshape(n_expert, n_out, N_VALUES)
+        w = be.experts(Tensor(f"exps.{type_name}", type_name, (n_expert, n_out, N_VALUES),
+                              rows.reshape(n_expert, n_out, -1)))
+        for n in (1, 3, 24):
+            ids = np.argsort(rng.random((n, n_expert)), axis=1)[:, :n_used]
+            big = np.bincount(ids.ravel(), minlength=n_expert) > MAX_TOKENS
+            for x in (rng.standard_normal((n, N_VALUES)),
+                      rng.standard_normal((n, n_used, N_VALUES))):
+                x = x.astype(np.float32)
+                got = be.to_host(be.matmul_id(w, be.take(x), ids))
+                assert got.shape == (n, n_used, n_out)
+                for t in range(n):
+                    for j in range(n_used):
+                        xv, wv = (x[t] if x.ndim == 2 else x[t, j]), values[ids[t, j]]
+                        if big[ids[t, j]] and type_name != "F32":  # the GEMM's fp16 inputs
+                            xv, wv = xv.astype(np.float16), wv.astype(np.float16)
+                        xv, wv = xv.astype(np.float64), wv.astype(np.float64)
+                        assert_close(got[t, j], wv @ xv, np.abs(wv) @ np.abs(xv),
+                                     f"{type_name} x {n}, token {t} expert slot {j}")
+    y = rng.standard_normal((5, 3, 16)).astype(np.float32)
+    weights = rng.random((5, 3)).astype(np.float32)
+    assert_bits(be.to_host(be.weighted_sum(be.take(y), weights)), cpu.weighted_sum(y, weights),
+                "weighted_sum")
 
 
 @check("backend_get_rows")
@@ -439,6 +488,33 @@ def check_offload_logits():
         scale = np.abs(a).max()
         assert np.abs(a - b).max() <= 0.02 * scale, (np.abs(a - b).max(), scale)
         assert np.array_equal(a.argmax(axis=1), b.argmax(axis=1))
+
+
+@check("offload_moe_logits")
+def check_offload_moe_logits():
+    """A mixture-of-experts model (Qwen 3 MoE) fully offloaded: a prompt and decode steps give
+    the CPU's logits up to activation rounding (and its top token wherever the CPU's top two
+    are 0.25 apart), its decode steps run eagerly (the experts are chosen on the host between
+    kernels, which a CUDA graph cannot hold), and the greedy text is the CPU's."""
+    from llamatui.inference.model import Batch, Model
+    path = tiny_model("qwen3moe")
+    ids = [0] + [2 + CHARS.index(c) for c in PROMPT]
+    cpu = Model.load(path, n_ctx=64)
+    with simulated_devices(4 * GIB):
+        gpu = Model.load(path, n_ctx=64, n_gpu_layers=-1)
+    assert gpu.n_gpu_layers == 3 and gpu._graphs is None
+    for batch in (Batch(ids, pos=0, logits=True), Batch([5]), Batch([7]), Batch([9])):
+        a, b = cpu.decode(batch), gpu.decode(batch)
+        scale = np.abs(a).max()
+        assert np.abs(a - b).max() <= 0.02 * scale, (np.abs(a - b).max(), scale)
+        top2 = np.sort(a, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] >= 0.25
+        assert clear.sum() >= len(a) // 2
+        assert np.array_equal(a.argmax(axis=1)[clear], b.argmax(axis=1)[clear])
+    want, _, _ = greedy(path)
+    with simulated_devices(4 * GIB):
+        text, info, _ = greedy(path, n_gpu_layers=-1)
+    assert (text, info.n_gpu_layers) == (want, 3), (text, want, info)
 
 
 @check("offload_graph_replay")

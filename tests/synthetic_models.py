@@ -104,6 +104,45 @@ def llama_layers(rng, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_
     return t
 
 
+def expert_matrices(rng, n_expert: int, n_out: int, n_in: int) -> np.ndarray:
+    """n_expert matrices ~ N(0, 1/n_in) in one 3-D tensor (n_expert, n_out, n_in)."""
+    return (rng.standard_normal((n_expert, n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+
+def moe_ffn(rng, n_layer: int, n_embd: int, n_expert: int, n_ff_exp: int,
+            n_ff_shexp: int = 0, router_gain: float = 5.0) -> dict[str, np.ndarray]:
+    """The mixture-of-experts FFN tensors of each layer (replacing ffn_gate/up/down): a router
+    whose logits (~ N(0, router_gain²)) send tokens to clearly different experts, the experts,
+    and a shared expert with its gate when n_ff_shexp. (At a gain of 5, 65 to 74 of the 80
+    positions of the Qwen MoE recipes have on no layer the last expert chosen and the next under
+    0.1 apart, against 56 to 64 at a gain of 3: tests/test_archs.py compares those.)"""
+    t = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "ffn_gate_inp.weight"] = matrix(rng, n_expert, n_embd, router_gain)
+        t[p + "ffn_gate_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, n_embd)
+        t[p + "ffn_up_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, n_embd)
+        t[p + "ffn_down_exps.weight"] = expert_matrices(rng, n_expert, n_embd, n_ff_exp)
+        if n_ff_shexp:
+            t[p + "ffn_gate_inp_shexp.weight"] = (rng.standard_normal(n_embd) / np.sqrt(n_embd)
+                                                  ).astype(np.float32)
+            t[p + "ffn_gate_shexp.weight"] = matrix(rng, n_ff_shexp, n_embd)
+            t[p + "ffn_up_shexp.weight"] = matrix(rng, n_ff_shexp, n_embd)
+            t[p + "ffn_down_shexp.weight"] = matrix(rng, n_embd, n_ff_shexp)
+    return t
+
+
+def without_dense_ffn(t: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in t.items()
+            if not k.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))}
+
+
+def qk_norms(rng, n_layer: int, head_dim: int) -> dict[str, np.ndarray]:
+    """Per-head Q and K RMS norm weights of each layer (Qwen 3, Gemma 3)."""
+    return {f"blk.{il}.attn_{x}_norm.weight": norm(rng, head_dim)
+            for il in range(n_layer) for x in "qk"}
+
+
 # ----------------------------------------------------------------------------- recipes
 
 
@@ -279,6 +318,63 @@ def recipe_llama_sliding_window(rng) -> Recipe:
     return recipe
 
 
+def recipe_qwen2(rng) -> Recipe:
+    """Qwen 2: Q/K/V biases. The output is its own matrix (as Qwen 2.5 7B's): tied to N(0, 1)
+    embeddings the logits would be each token's own (the tied path is Gemma 3's), and embeddings
+    scaled down leave the residual stream to the layers alone, where llama.cpp's 8-bit
+    activations double its difference from an exact product (0.025 nats on average)."""
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **llama_layers(rng, head_dim=64, qkv_bias=True, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    return Recipe("qwen2", decoder_metadata("qwen2", rope_base=1e6, **shape), t)
+
+
+def recipe_qwen3(rng) -> Recipe:
+    """Qwen 3: per-head Q/K norms, heads wider than n_embd / n_head (4 x 128 over 256)."""
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **llama_layers(rng, head_dim=128, **shape), **qk_norms(rng, 3, 128),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    return Recipe("qwen3", decoder_metadata("qwen3", head_dim=128, rope_base=1e6, **shape), t)
+
+
+def _moe_recipe(rng, arch: str, shape: dict, head_dim: int, moe: dict, qkv_bias: bool,
+                qk_norm: bool) -> Recipe:
+    n_layer, n_embd = shape["n_layer"], shape["n_embd"]
+    layers = without_dense_ffn(llama_layers(rng, head_dim=head_dim, qkv_bias=qkv_bias, **shape))
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, n_embd), **layers,
+         **(qk_norms(rng, n_layer, head_dim) if qk_norm else {}),
+         **moe_ffn(rng, n_layer, n_embd, moe["expert_count"], moe["expert_feed_forward_length"],
+                   moe.get("expert_shared_feed_forward_length", 0)),
+         "output_norm.weight": norm(rng, n_embd),
+         "output.weight": matrix(rng, N_VOCAB, n_embd)}
+    md = decoder_metadata(arch, head_dim=head_dim, rope_base=1e6, **shape, **moe)
+    # llama-quantize never quantizes the router (ffn_gate_inp)
+    return Recipe(arch, md, t, keep_f32={k for k in t if k.endswith("ffn_gate_inp.weight")})
+
+
+def recipe_qwen2moe(rng) -> Recipe:
+    """Qwen 2 MoE: 8 experts, 2 chosen per token (weights not normalised), a shared expert
+    behind its sigmoid gate, Q/K/V biases."""
+    return _moe_recipe(
+        rng, "qwen2moe", dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2), 64,
+        {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 256,
+         "expert_shared_feed_forward_length": 512}, qkv_bias=True, qk_norm=False)
+
+
+def recipe_qwen3moe(rng) -> Recipe:
+    """Qwen 3 MoE: 16 experts, 4 chosen per token, their weights normalised; per-head Q/K
+    norms. Two layers: with 16 experts a token's 4th and 5th are often close, and a position
+    where they are (on any layer) is left out of the comparison (tests/test_archs.py)."""
+    return _moe_recipe(
+        rng, "qwen3moe", dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2), 128,
+        {"expert_count": 16, "expert_used_count": 4, "expert_feed_forward_length": 256},
+        qkv_bias=False, qk_norm=True)
+
+
 RECIPES = {
     "llama": recipe_llama,
     "gemma3": recipe_gemma3,
@@ -288,6 +384,10 @@ RECIPES = {
     "olmo2": recipe_olmo2,
     "smollm3": recipe_smollm3,
     "granite": recipe_granite,
+    "qwen2": recipe_qwen2,
+    "qwen3": recipe_qwen3,
+    "qwen2moe": recipe_qwen2moe,
+    "qwen3moe": recipe_qwen3moe,
 }
 
 
@@ -426,16 +526,16 @@ CASES = {**{name: Case(recipe) for name, recipe in RECIPES.items()}, **VARIANTS}
 # ----------------------------------------------------------------------------- writing
 
 
-def _tokenizer_metadata() -> list[tuple[str, object, object]]:
-    """A tiny GPT-2-style vocabulary llama.cpp accepts: BOS/EOS and N_VOCAB - 2 plain tokens."""
-    tokens = ["<s>", "</s>"] + [f"t{i}" for i in range(2, N_VOCAB)]
+def tokenizer_metadata(n_vocab: int = N_VOCAB) -> list[tuple[str, object, object]]:
+    """A GPT-2-style vocabulary llama.cpp accepts: BOS/EOS and n_vocab - 2 plain tokens."""
+    tokens = ["<s>", "</s>"] + [f"t{i}" for i in range(2, n_vocab)]
     string_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.STRING))
     int_array = ValueType(GGUFValueType.ARRAY, ValueType(GGUFValueType.INT32))
     return [
         ("tokenizer.ggml.model", "gpt2", None),
         ("tokenizer.ggml.pre", "default", None),
         ("tokenizer.ggml.tokens", tokens, string_array),
-        ("tokenizer.ggml.token_type", [3, 3] + [1] * (N_VOCAB - 2), int_array),
+        ("tokenizer.ggml.token_type", [3, 3] + [1] * (n_vocab - 2), int_array),
         ("tokenizer.ggml.merges", [], string_array),
         ("tokenizer.ggml.bos_token_id", 0, GGUFValueType.UINT32),
         ("tokenizer.ggml.eos_token_id", 1, GGUFValueType.UINT32),
@@ -443,7 +543,7 @@ def _tokenizer_metadata() -> list[tuple[str, object, object]]:
     ]
 
 
-def _typed(value):
+def typed(value):
     if isinstance(value, bool):
         return GGUFValueType.BOOL
     if isinstance(value, int):
@@ -462,10 +562,10 @@ def write_model(name: str, type_name: str, directory) -> pathlib.Path:
     w = GGUFWriter(path)
     w.add("general.architecture", recipe.arch)
     w.add("general.name", f"synthetic {recipe.label or name} {type_name}")
-    for key, value, vtype in recipe.tokenizer or _tokenizer_metadata():
+    for key, value, vtype in recipe.tokenizer or tokenizer_metadata():
         w.add(key, value, vtype)
     for key, value in recipe.metadata.items():
-        w.add(key, value, _typed(value))
+        w.add(key, value, typed(value))
     for name, array in recipe.tensors.items():
         array = np.ascontiguousarray(array, dtype=np.float32)
         if array.ndim == 1 or name in recipe.keep_f32:

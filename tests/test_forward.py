@@ -233,8 +233,8 @@ def test_rope_rotates_the_right_pairs(neox):
     np.testing.assert_array_equal(got[..., 8:], x[..., 8:])
 
 
-@pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 24, 30),
-                                       (20, 16, 30), (150, 32, 157), (20, 24, 30)])
+@pytest.mark.parametrize("n,d,n_kv", [(1, 16, 30), (3, 16, 30), (2, 64, 700), (3, 80, 30),
+                                       (3, 24, 30), (20, 16, 30), (150, 32, 157), (20, 24, 30)])
 @pytest.mark.parametrize("f16", [False, True])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 def test_attention_kernels_against_float64(n, d, n_kv, f16, softcap):
@@ -270,6 +270,35 @@ def test_attention_kernels_against_float64(n, d, n_kv, f16, softcap):
         want[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, g]
     np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
 
+
+
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_attention_of_tokens_from_different_sequences(n):
+    """A decode step of n sequences, as the scheduler batches it: the sequences' cells lie
+    interleaved in the cache (each step stores its n tokens side by side), and each token must
+    see its own sequence's cells alone."""
+    rng = np.random.default_rng(n)
+    n_head, n_head_kv, d, steps = 4, 2, 32, 40
+    n_kv = n * steps
+    k = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_kv, n_head_kv, d)).astype(np.float32)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    cell_seq = np.zeros((n_kv, n), bool)
+    cell_seq[np.arange(n_kv), np.arange(n_kv) % n] = True  # cell j: sequence j % n
+    cell_pos = (np.arange(n_kv) // n).astype(np.int32)
+    seqs = rng.permutation(n)
+    mask = ops.build_kq_mask(cell_pos, cell_seq, np.full(n, steps - 1), seqs, n_kv)
+    got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
+    k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+    want = np.empty((n, n_head, d))
+    for t, seq in enumerate(seqs):
+        own = np.flatnonzero(cell_seq[:, seq])
+        for h in range(n_head):
+            g = h // (n_head // n_head_kv)
+            s = k[own, g] @ q[t, h].astype(np.float64) * 0.3
+            p = np.exp(s - s.max())
+            want[t, h] = p / p.sum() @ v[own, g]
+    np.testing.assert_allclose(got, want.reshape(n, -1), atol=2e-6)
 
 def test_hyperparameters(smollm2, gemma3):
     hp = smollm2.hparams

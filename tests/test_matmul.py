@@ -3,9 +3,10 @@
 Quantized bytes come from the starter models (the real tensors, read through our mmap reader) for
 the types they contain, and from llama.cpp's own quantizer (`golden/quant_vectors.npz`: 34 rows of
 4096 values, real Gemma weights and edge cases) for every type. `matmul` must equal
-x @ dequantize(W).T up to float32 rounding, on both the decode path (n <= DECODE_MAX_TOKENS) and
-the tiled prefill path; `embedding_rows` must equal the dequantized rows exactly. Where the CPU
-has AVX512-BF16, prompts multiply in bfloat16: within bf16's rounding of both operands.
+x @ dequantize(W).T up to float32 rounding, on the decode path (n <= DECODE_MAX_TOKENS), the batch
+decode path (n <= BATCH_DECODE_MAX_TOKENS) and the tiled prefill path; `embedding_rows` must equal
+the dequantized rows exactly. Where the CPU has AVX512-BF16, prompts multiply in bfloat16: within
+bf16's rounding of both operands.
 """
 import gguf
 import numpy as np
@@ -18,7 +19,7 @@ from llamatui.inference.matmul_simd import HAS_AVX512_BF16
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
-N_TOKENS = (1, 2, 7, 64)  # 1, 2: fused decode kernel; 7, 64: dequantized tiles + numba GEMM
+N_TOKENS = (1, 2, 7, 64)  # 1: decode kernel; 2, 7: batch decode kernel; 64: tiles + numba GEMM
 RTOL = 1e-4  # of sum_k |x_k * w_k|: float32 accumulation error only
 
 # float32 products here; the bfloat16 prompt path has its own test below
@@ -46,13 +47,19 @@ def reference(type_name: str, raw: np.ndarray) -> np.ndarray:
 def check_product(type_name, raw, W, n_tokens, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n_tokens, W.shape[1])).astype(np.float32)
-    got = mm.matmul(type_name, raw, x)
-    assert got.dtype == np.float32 and got.shape == (n_tokens, W.shape[0])
+    check_prefixes(type_name, raw, W, x, [n_tokens])
+
+
+def check_prefixes(type_name, raw, W, x, counts):
+    """matmul of the first n tokens of x, for each n in counts, against one float64 product."""
     x64 = x.astype(np.float64)
     want = x64 @ W.T
     scale = np.abs(x64) @ np.abs(W).T + 1e-30
-    err = np.abs(got - want) / scale
-    assert err.max() <= RTOL, f"{type_name} n={n_tokens}: relative error {err.max():.2e}"
+    for n in counts:
+        got = mm.matmul(type_name, raw, x[:n])
+        assert got.dtype == np.float32 and got.shape == (n, W.shape[0])
+        err = np.abs(got - want[:n]) / scale[:n]
+        assert err.max() <= RTOL, f"{type_name} n={n}: relative error {err.max():.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -123,15 +130,26 @@ def test_embedding_rows_model_table(gemma3_path):
             mm.embedding_rows(t.type, t.rows, [-1])
 
 
-def test_both_paths_and_many_tiles(vectors, monkeypatch):
+@pytest.mark.parametrize("type_name", [t for t in TYPES if t != "F32"])
+def test_batch_decode_every_token_count(vectors, type_name):
+    """Every n the batch decode kernel takes (tiles of 8 and 4 tokens, padded ones), on 34 rows
+    (leftover rows past the last 4) and on 3 (leftover rows alone)."""
+    raw, W = golden_weight(vectors, type_name)
+    x = np.random.default_rng(5).standard_normal((mm.BATCH_DECODE_MAX_TOKENS, 4096))
+    x = x.astype(np.float32)
+    check_prefixes(type_name, raw, W, x, range(1, len(x) + 1))
+    check_prefixes(type_name, np.ascontiguousarray(raw[:3]), W[:3], x, (2, 8, 13))
+
+
+def test_all_paths_and_many_tiles(vectors, monkeypatch):
     raw, W = golden_weight(vectors, "Q4_K")
     big = np.ascontiguousarray(np.tile(raw, (7, 1)))  # 238 rows
     Wb = np.tile(W, (7, 1))
-    limit = mm.DECODE_MAX_TOKENS
-    for n in (limit, limit + 1):
-        check_product("Q4_K", big, Wb, n)
+    for limit in (mm.DECODE_MAX_TOKENS, mm.BATCH_DECODE_MAX_TOKENS):
+        for n in (limit, limit + 1):
+            check_product("Q4_K", big, Wb, n)
     monkeypatch.setattr(mm, "TILE_BYTES", 5 * 4096 * 4)  # 5-row tiles: many tiles and a short one
-    for n in (limit + 1, 9, 33):
+    for n in (mm.BATCH_DECODE_MAX_TOKENS + 1, 33):
         check_product("Q4_K", big, Wb, n)
 
 

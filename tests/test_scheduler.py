@@ -201,7 +201,9 @@ def test_non_finite_logits_end_in_a_clear_error(engine, monkeypatch):
 
 
 def test_cancel_from_another_thread_ends_a_generation_at_its_next_step(engine):
-    gen = engine.generate("Write a very long essay", max_tokens=None)
+    # end-of-generation tokens banned: only the cancel can end it, however fast the machine
+    never_ends = {t: float("-inf") for t in engine.tokenizer.eog_ids}
+    gen = engine.generate("Write a very long essay", max_tokens=None, logit_bias=never_ends)
     next(gen)
     threading.Timer(0.2, engine.cancel).start()
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The Server screen (F11) driven through Textual's Pilot: it serves the chat's loaded SmolLM2,
+"""The Server screen (F12) driven through Textual's Pilot: it serves the chat's loaded SmolLM2,
 a request from the official openai client shows in its request log and slots, the API key it
 was given is required, and stopping closes the port."""
 import asyncio
@@ -29,7 +29,7 @@ def _rows(screen, table_id: str) -> list[list[str]]:
 
 
 async def _start(pilot, port: int, key: str = "") -> ServerScreen:
-    await pilot.press("f11")
+    await pilot.press("f12")
     screen = pilot.app.screen
     assert isinstance(screen, ServerScreen)
     screen.query_one("#server-port", Input).value = str(port)
@@ -108,7 +108,7 @@ def test_server_screen_without_a_model_says_so(home, monkeypatch):
             if app.screen is not app.chat:
                 app.pop_screen()  # the first-run welcome
                 await pilot.pause()
-            await pilot.press("f11")
+            await pilot.press("f12")
             await pilot.press("ctrl+s")
             await pilot.pause()
             assert app.screen.server is None

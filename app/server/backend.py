@@ -5,7 +5,8 @@ event loop.
 - Blocking calls (chat templates render in a worker process, tokenizing, queueing a request,
   which takes the scheduler's lock) run in a small thread pool: `await backend.call(fn, ...)`.
 - A `Run` is the scheduler requests of one HTTP request (its n choices); the engine thread hands
-  their events to the event loop with `call_soon_threadsafe`, into one asyncio queue.
+  their events to the event loop through the loop's `Mailbox`, into one asyncio queue per run:
+  a step that emits a token for each of eight streams wakes the loop once, not eight times.
 - Cancelling a run (the client went away) cancels its requests and reaps them at once: queued,
   prefilling or generating, their slots are idle again before the next step (llama-server leaves
   them running: its issues #11720, #13262).
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import ClassVar
 
 from llamatui.inference import (ConstraintError, ConstraintSpec, ContextFullError,
                                 QueueFullError, SamplingParams)
@@ -101,6 +104,47 @@ class Backend:
         self.state = STOPPED
 
 
+_TICK = (None, None)  # a keep-alive tick in a run's queue
+
+
+class Mailbox:
+    """Events from the engine thread to one event loop's queues. The first event of a burst
+    schedules one loop callback (`call_soon_threadsafe`: a write to the loop's wake-up pipe)
+    that delivers every event posted until it runs, so that a decode step of n slots costs
+    the loop one wake-up rather than n."""
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        box = cls._by_loop.get(loop)
+        if box is None:
+            box = cls._by_loop[loop] = cls(loop)
+        return box
+
+    def post(self, queue: asyncio.Queue, item) -> None:
+        """From any thread: `queue.put_nowait(item)` on the loop, soon."""
+        with self._lock:
+            self._items.append((queue, item))
+            if len(self._items) > 1:
+                return  # a delivery is already scheduled
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            pass  # the event loop is closed: the server is stopping
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class Run:
     """The scheduler requests of one HTTP request; `events()` yields (choice index, event)."""
 
@@ -108,17 +152,14 @@ class Run:
         self.backend = backend
         self.queue: asyncio.Queue = asyncio.Queue()
         self.requests: list = []
-        self._loop = asyncio.get_running_loop()
+        self._mailbox = Mailbox.of(asyncio.get_running_loop())
         self._open = 0
 
     def _poster(self, index: int) -> Callable:
-        loop, queue = self._loop, self.queue
+        post, queue = self._mailbox.post, self.queue
 
         def emit(event) -> None:  # on the engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-            except RuntimeError:
-                pass  # the event loop is closed: the server is stopping
+            post(queue, (index, event))
         return emit
 
     async def start(self, choices: list[tuple[list[int], SamplingParams]], n_probs: int,
@@ -150,10 +191,23 @@ class Run:
             await self.cancel()
             raise invalid("prompt", str(e)) from None
 
-    async def events(self) -> AsyncIterator[tuple[int, object]]:
-        """Every request's events until all are done."""
+    async def events(self, ping_interval: float | None = None
+                     ) -> AsyncIterator[tuple[int | None, object]]:
+        """Every request's events until all are done; with `ping_interval`, also (None, None)
+        when no event came for that many seconds (a keep-alive tick). The tick is a timer
+        armed while the queue is empty, not a task and a timeout per event."""
+        loop = asyncio.get_running_loop()
         while self._open:
-            index, event = await self.queue.get()
+            timer = None
+            if ping_interval and self.queue.empty():
+                timer = loop.call_later(ping_interval, self.queue.put_nowait, _TICK)
+            item = await self.queue.get()
+            if timer is not None:
+                timer.cancel()
+            if item is _TICK:
+                yield None, None
+                continue
+            index, event = item
             if event.kind == "done":
                 self._open -= 1
             yield index, event

@@ -142,8 +142,8 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     if job.stream:
         writers = {"chat": _chat_stream, "completions": _completions_stream,
                    "native": _native_stream}
-        chunks = _pinged(writers[kind](run, job, choices, shaper, _settings(sampling),
-                                       replies), state.config.ping_interval)
+        chunks = _pings_once_begun(writers[kind](run, job, choices, shaper, _settings(sampling),
+                                                 state.config.ping_interval, replies))
         return EventStream(chunks, run.cancel, state.config.timeout)
     done = await until_disconnect(request, _collect(run, choices))
     if done is None:
@@ -185,37 +185,31 @@ def _settings(sampling: dict) -> dict:
             "n_predict": params.max_tokens, "stop": list(params.stop)}
 
 
-async def _pinged(chunks: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """The chunks, with a keep-alive comment when none came for `interval` seconds, once the
-    stream has begun (before it, nothing is sent, so an early error keeps its status)."""
+async def _pings_once_begun(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The chunks without the keep-alive comments that come before the first one: until the
+    stream has begun nothing is sent, so that an early error keeps its HTTP status."""
     begun = False
-    pending = asyncio.ensure_future(anext(chunks))
     try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=interval if begun else None)
-            if not done:
-                yield PING
+        async for chunk in chunks:
+            if chunk is PING and not begun:
                 continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
-                return
             begun = True
             yield chunk
-            pending = asyncio.ensure_future(anext(chunks))
     finally:
-        pending.cancel()
-        await asyncio.gather(pending, return_exceptions=True)
         await chunks.aclose()
 
 
-async def _chat_stream(run, job, choices, shaper, settings, replies) -> AsyncIterator[bytes]:
+async def _chat_stream(run, job, choices, shaper, settings, ping, replies
+                       ) -> AsyncIterator[bytes]:
     """llama-server's chat chunks: the role, the content pieces (with their log-probabilities),
     `reasoning_content` pieces, `tool_calls` deltas (a call's index, id, type and name first,
     then its arguments in fragments), the finish reason (`tool_calls` after calls); the usage
     when asked; `[DONE]`."""
     roled = set()
-    async for index, event in run.events():
+    async for index, event in run.events(ping):
+        if event is None:
+            yield PING
+            continue
         c, reply = choices[index], replies[index]
         entry = c.add(event)
         if event.kind == "prompt":
@@ -241,9 +235,12 @@ async def _chat_stream(run, job, choices, shaper, settings, replies) -> AsyncIte
     yield DONE
 
 
-async def _completions_stream(run, job, choices, shaper, settings, replies
+async def _completions_stream(run, job, choices, shaper, settings, ping, replies
                               ) -> AsyncIterator[bytes]:
-    async for index, event in run.events():
+    async for index, event in run.events(ping):
+        if event is None:
+            yield PING
+            continue
         c = choices[index]
         entry = c.add(event)
         if event.kind == "done" and event.finish_reason == "error":
@@ -259,10 +256,14 @@ async def _completions_stream(run, job, choices, shaper, settings, replies
     yield DONE
 
 
-async def _native_stream(run, job, choices, shaper, settings, replies) -> AsyncIterator[bytes]:
+async def _native_stream(run, job, choices, shaper, settings, ping, replies
+                         ) -> AsyncIterator[bytes]:
     """/completion's stream: a partial per token, a final object with stop: true, no [DONE]."""
     c = choices[0]
-    async for _, event in run.events():
+    async for _, event in run.events(ping):
+        if event is None:
+            yield PING
+            continue
         entry = c.add(event)
         if event.kind == "token":
             yield sse(shaper.native_partial(c, event.text, event.token_id, entry))

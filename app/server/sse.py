@@ -49,29 +49,43 @@ class EventStream:
     def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], Awaitable],
                  write_timeout: float):
         self.chunks, self.on_close, self.write_timeout = chunks, on_close, write_timeout
+        self._writing_since: float | None = None  # loop time the write under way began
 
     async def __call__(self, scope, receive, send) -> None:
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        watchers = {asyncio.ensure_future(_disconnected(receive)),
+                    asyncio.ensure_future(self._stuck_write())}
         producer = asyncio.ensure_future(self._produce(send))
         try:
-            await asyncio.wait({watcher, producer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({*watchers, producer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (watcher, producer):
+            for task in (*watchers, producer):
                 task.cancel()
             try:
                 await self.on_close()  # first: the slot is freed before anything else
             finally:
-                await asyncio.gather(watcher, producer, return_exceptions=True)
+                await asyncio.gather(*watchers, producer, return_exceptions=True)
                 await self.chunks.aclose()
         if producer.done() and not producer.cancelled() and producer.exception():
             raise producer.exception()
 
+    async def _stuck_write(self) -> None:
+        """Returns once a write has waited longer than write_timeout (the client stopped
+        reading): one watchdog per stream rather than a timeout around every chunk's write."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.write_timeout / 4)
+            since = self._writing_since
+            if since is not None and loop.time() - since > self.write_timeout:
+                return
+
     async def _produce(self, send) -> None:
         started = False
+        loop = asyncio.get_running_loop()
 
         async def write(data: bytes, more: bool = True) -> None:
-            await asyncio.wait_for(send({"type": "http.response.body", "body": data,
-                                         "more_body": more}), self.write_timeout)
+            self._writing_since = loop.time()
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+            self._writing_since = None
 
         try:
             async for chunk in self.chunks:
@@ -89,8 +103,6 @@ class EventStream:
                 await write(body, more=False)
                 return
             await write(sse(e.body()))
-        except asyncio.TimeoutError:
-            return  # the client stopped reading: drop the connection
         await write(b"", more=False)
 
 

@@ -34,6 +34,9 @@ class Architecture(ABC):
     """One model family: its own hyperparameters, its weights, its forward pass."""
 
     name = ""
+    # a decode step can be captured in a CUDA graph (cuda/graphs.py): not when the forward
+    # pass decides on the host what the device does next (MoE routing)
+    graph_capturable = True
 
     def read_hparams(self, meta: Meta, hp: HParams) -> None:
         """Reads the family's own metadata into `hp` (hp.extra for values only it uses) and
@@ -87,14 +90,23 @@ class WeightLoader:
     def matrix(self, name: str, n_out: int, n_in: int, il: int = -1, optional: bool = False):
         """A weight matrix (n_out rows of n_in) for the backend of layer `il` (-1: the input
         embedding, n_layer: the output head)."""
-        t = self._tensor(name, (n_out, n_in), optional)
-        if t is None:
-            return None
-        if t.type not in ENGINE_TYPES:
+        t = self._computable(self._tensor(name, (n_out, n_in), optional))
+        return None if t is None else self.model.backend_for(il).weight(t)
+
+    def experts(self, name: str, n_expert: int, n_out: int, n_in: int, il: int,
+                optional: bool = False):
+        """A 3-D tensor of expert matrices (n_expert matrices of n_out rows of n_in: ffn_up_exps,
+        say) for the backend of layer `il`."""
+        t = self._computable(self._tensor(name, (n_expert, n_out, n_in), optional))
+        return None if t is None else self.model.backend_for(il).experts(t)
+
+    @staticmethod
+    def _computable(t):
+        if t is not None and t.type not in ENGINE_TYPES:
             raise ModelMetadataError(
-                f"tensor {name!r} has type {t.type}, which this engine cannot compute "
+                f"tensor {t.name!r} has type {t.type}, which this engine cannot compute "
                 f"(it computes {', '.join(sorted(ENGINE_TYPES))})")
-        return self.model.backend_for(il).weight(t)
+        return t
 
     def vector(self, name: str, n: int, il: int = -1, optional: bool = False):
         """A 1-D tensor of n values (a norm's weight, a bias) as the backend of layer `il` keeps
@@ -131,6 +143,13 @@ class LayerTensors:
 
     def vector(self, name: str, n: int, optional: bool = False):
         return self.loader.vector(f"blk.{self.il}.{name}", n, self.il, optional)
+
+    def experts(self, name: str, n_expert: int, n_out: int, n_in: int, optional: bool = False):
+        return self.loader.experts(f"blk.{self.il}.{name}", n_expert, n_out, n_in, self.il,
+                                   optional)
+
+    def host_vector(self, name: str, n: int, optional: bool = False):
+        return self.loader.host_vector(f"blk.{self.il}.{name}", n, optional)
 
 
 @dataclass
@@ -329,10 +348,16 @@ class Transformer(Architecture):
 
     def ffn(self, ctx, il: int, L, h):
         """The gated FFN: down(act(gate · h) * (up · h))."""
-        be = ctx.backend(il)
-        gate, up = be.matmul(L.w_gate, h), be.matmul(L.w_up, h)
-        act = be.swiglu(gate, up) if self.ffn_activation == "silu" else be.geglu(gate, up)
-        return be.matmul(L.w_down, act)
+        return self.gated_ffn(ctx.backend(il), L.w_gate, L.w_up, L.w_down, h)
+
+    def gated_ffn(self, be, w_gate, w_up, w_down, h):
+        """llm_build_ffn with LLM_FFN_PAR: down(act(gate · h) * (up · h))."""
+        gate, up = be.matmul(w_gate, h), be.matmul(w_up, h)
+        return be.matmul(w_down, self.activate(be, gate, up))
+
+    def activate(self, be, gate, up):
+        """The gated activation of the family's FFNs: act(gate) * up."""
+        return be.swiglu(gate, up) if self.ffn_activation == "silu" else be.geglu(gate, up)
 
     def final_norm(self, ctx, w: Weights, x):
         """The last layer's output normalized (llama.cpp's result_norm): what the output matrix

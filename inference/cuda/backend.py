@@ -8,6 +8,10 @@ It owns what its layers touch on its device (the `Backend` interface of inferenc
 - matrix products: up to `MAX_TOKENS` tokens (decoding) through the fused dequantize-dot kernel
   of each weight type (matvec.py, ggml's mul_mat_vec_q); more (a prompt) by dequantizing the
   weight to fp16 tiles and multiplying them with cuBLAS (ggml_cuda_op_mul_mat_cublas);
+- mixture-of-experts products (`matmul_id`, ggml_mul_mat_id) as ggml-cuda's fallback does them
+  (ggml_cuda_mul_mat_id without its fused kernels): the batch's (token, expert) pairs grouped
+  per chosen expert, each group gathered, multiplied by that expert's matrix through `matmul`
+  above and scattered back, so only the chosen experts' rows are read;
 - RMS norm, RoPE, SwiGLU / GeGLU, the embedding lookup (elementwise.py, dequant.py);
 - the K and V rows of its layers (`DeviceKVStore`, written by kv.py's kernels) and attention over
   them: decoding through the kernel that builds the mask from the cells' positions
@@ -27,7 +31,7 @@ from collections import Counter
 
 import numpy as np
 
-from ..backend import Backend, KQMask, QWeight
+from ..backend import Backend, KQMask, QExperts, QWeight
 from . import attention as attention_kernels
 from . import kv as kv_kernels
 from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
@@ -51,12 +55,45 @@ class DeviceWeight:
         self.name, self.type, self.rows = name, type_name, rows
         self.n_out, self.n_in = int(n_out), int(n_in)
 
+    @classmethod
+    def of(cls, host: QWeight, rows) -> "DeviceWeight":
+        """The device copy of a host QWeight whose rows were uploaded as `rows`."""
+        return cls(host.name, host.type, rows, host.n_out, host.n_in)
+
     @property
     def nbytes(self) -> int:
         return int(self.rows.nbytes)
 
     def __repr__(self):
         return f"DeviceWeight({self.name!r}, {self.type}, {self.n_out}x{self.n_in})"
+
+
+class DeviceExperts:
+    """A 3-D tensor of expert matrices on the device as stored in the GGUF file: `rows` uint8
+    (n_expert, n_out, row_bytes) device array, `type`, `n_expert`, `n_out`, `n_in`."""
+
+    __slots__ = ("name", "type", "rows", "n_expert", "n_out", "n_in")
+
+    def __init__(self, name, type_name, rows, n_expert, n_out, n_in):
+        self.name, self.type, self.rows = name, type_name, rows
+        self.n_expert, self.n_out, self.n_in = int(n_expert), int(n_out), int(n_in)
+
+    @classmethod
+    def of(cls, host: QExperts, rows) -> "DeviceExperts":
+        """The device copy of host QExperts whose rows were uploaded as `rows`."""
+        return cls(host.name, host.type, rows, host.n_expert, host.n_out, host.n_in)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes)
+
+    def expert(self, e: int) -> DeviceWeight:
+        """Expert e's matrix (a view of its rows, no copy)."""
+        return DeviceWeight(f"{self.name}[{e}]", self.type, self.rows[e], self.n_out, self.n_in)
+
+    def __repr__(self):
+        shape = f"{self.n_expert}x{self.n_out}x{self.n_in}"
+        return f"DeviceExperts({self.name!r}, {self.type}, {shape})"
 
 
 class DeviceKV:
@@ -165,14 +202,21 @@ class CUDABackend(Backend):
 
     def weight(self, tensor) -> DeviceWeight:
         """A 2-D GGUF tensor's blocks, uploaded as they are (once per tensor name)."""
+        return self._blocks(tensor, QWeight, DeviceWeight)
+
+    def experts(self, tensor) -> DeviceExperts:
+        """A 3-D GGUF tensor of expert matrices, its blocks uploaded as they are (once)."""
+        return self._blocks(tensor, QExperts, DeviceExperts)
+
+    def _blocks(self, tensor, host_kind, device_kind):
+        """The device copy of `tensor` as device_kind (DeviceWeight, DeviceExperts), made from
+        host_kind's view of its blocks on first use."""
         w = self._weights.get(tensor.name)
         if w is None:
             if tensor.type not in DEVICE_TYPES:
                 raise UnsupportedDeviceTypeError(tensor.type)
-            host = QWeight.from_tensor(tensor)
-            w = DeviceWeight(host.name, host.type, self.rt.upload(host.rows), host.n_out,
-                             host.n_in)
-            self._weights[tensor.name] = w
+            host = host_kind.from_tensor(tensor)
+            w = self._weights[tensor.name] = device_kind.of(host, self.rt.upload(host.rows))
             self.weight_bytes += w.nbytes
         return w
 
@@ -278,6 +322,46 @@ class CUDABackend(Backend):
                 self.rt.gemm(x16, w.rows.view(np.float16), out)
             else:
                 self._gemm_tiles(w, x16, out)
+        return out
+
+    def matmul_id(self, w: DeviceExperts, x, ids: np.ndarray):
+        """x (n, n_in), or (n, n_used, n_in), times the experts `ids` (int64 (n, n_used), on the
+        host) chose: (n, n_used, n_out). The (token, slot) pairs are sorted by expert on the
+        host and their order uploaded once; then per chosen expert its pairs' inputs are
+        gathered, multiplied by its matrix (`matmul`: the fused kernel for a few pairs, fp16
+        tiles and a GEMM for many) and scattered into their places."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 2:
+            raise ValueError(f"matmul_id {w}: expert ids of shape {ids.shape}")
+        n, n_used = ids.shape
+        if tuple(x.shape) not in ((n, w.n_in), (n, n_used, w.n_in)):
+            raise ValueError(f"matmul_id {w}: input of shape {tuple(x.shape)} for {n} tokens "
+                             f"of {n_used} experts")
+        flat = ids.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= w.n_expert):
+            raise ValueError(f"matmul_id {w}: expert id out of range [0, {w.n_expert})")
+        order = np.argsort(flat, kind="stable")
+        sources = order // n_used if len(x.shape) == 2 else order
+        index = self.rt.upload(np.concatenate([order, sources]))  # one copy per product
+        x_rows = x.reshape(-1, w.n_in)
+        out = self._empty((n * n_used, w.n_out))
+        bounds = np.cumsum(np.bincount(flat, minlength=w.n_expert))
+        start = 0
+        for e, end in enumerate(bounds):
+            if end > start:
+                picked = self._empty((end - start, w.n_in))
+                self.rt.op(self.rt.xp.take, x_rows, index[flat.size + start:flat.size + end],
+                           axis=0, out=picked)
+                self.rt.op(_put_rows, self.matmul(w.expert(e), picked), index[start:end], out)
+            start = end
+        return out.reshape(n, n_used, w.n_out)
+
+    def weighted_sum(self, x, weights: np.ndarray):
+        """x (n, k, d) summed over k, each slice times its weight (float32 (n, k) on the host),
+        added in the CPU's (and ggml's) order: (n, d)."""
+        weights = self.rt.upload(np.ascontiguousarray(weights, dtype=np.float32))
+        out = self._empty((x.shape[0], x.shape[2]))
+        self.rt.op(_weighted_sum, x, weights, out)
         return out
 
     def _gemm_tiles(self, w: DeviceWeight, x16, out):
@@ -445,6 +529,17 @@ def _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out):
     out[...] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)
 
 
+def _put_rows(rows, index, out):
+    """out[index] = rows (a group of matmul_id's products back in their places)."""
+    out[index] = rows
+
+
+def _weighted_sum(x, weights, out):
+    out[...] = x[:, 0] * weights[:, 0:1]
+    for j in range(1, x.shape[1]):
+        out += x[:, j] * weights[:, j:j + 1]
+
+
 def _layer_norm(xp, x, w, b, eps, out):
     d = x.shape[-1]
     mean = (x.astype(np.float64).sum(axis=-1, keepdims=True) / d).astype(np.float32)
@@ -455,4 +550,4 @@ def _layer_norm(xp, x, w, b, eps, out):
         out += b
 
 
-__all__ = ["CUDABackend", "DeviceKVStore", "DeviceWeight"]
+__all__ = ["CUDABackend", "DeviceExperts", "DeviceKVStore", "DeviceWeight"]

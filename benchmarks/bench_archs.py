@@ -1,0 +1,322 @@
+"""Decode (tg128) and prompt (pp512) speed of the Qwen families on synthetic models of real shapes:
+llamatui against llama.cpp (llama-cpp-python, when installed) on the same files in the same run.
+
+    python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2] [--cpu] [--llama-bench PATH]
+                                     [--models qwen2.5-0.5b qwen3-30b-a3b-6l] [--cache DIR]
+
+llama.cpp is llama.cpp's own llama-bench when one is found (--llama-bench, $LLAMA_BENCH or on
+PATH; wall-clock figures only), else llama-cpp-python's build of it.
+
+- qwen2.5-0.5b: Qwen2.5-0.5B's shape (24 layers, 896 wide, 14 query / 2 KV heads of 64, FFN
+  4864, 151,936 tokens, output tied to the embeddings, Q/K/V biases).
+- qwen3-30b-a3b-6l: Qwen3-30B-A3B's layers (2048 wide, 32 / 4 heads of 128 with Q/K norms, 128
+  experts of 768 of which 8 are chosen, 151,936 tokens), 6 of its 48.
+
+Both in llama-quantize's Q4_K_M mix (quantizer.model.plan_tensor_types: Q6_K for the output,
+and for attn_v and ffn_down on the "more bits" layers; rows of 896 are not whole 256-value
+blocks, so there Q4_K falls back to Q5_0 and Q6_K to Q8_0, as in the real 0.5B file). The
+weights are seeded random values; to write the files in seconds rather than many minutes, a
+tensor of more than POOL_ROWS rows repeats a pool of POOL_ROWS quantized rows, and layers share
+their pools (the kernels read every byte of every tensor all the same: the speed is that of
+distinct weights). The files are written once into the cache folder (default
+~/.cache/llamatui/bench-models; never the repository) and reused.
+
+Targets: dense tg128 ≥ 1.0x and pp512 ≥ 1.5x llama.cpp; MoE tg128 ≥ 0.8x. Ratios are
+llamatui / llama.cpp: above 1 means llamatui is faster. The two runtimes take turns over a few
+rounds and each one's best round is compared, the round least disturbed when the cores are
+shared; run it when the machine is quiet all the same (the load average is printed). With
+--cpu both run one thread and the figures are tokens per CPU-second, which time-slicing by other
+processes hardly changes: what each runtime costs per core, when wall figures are too noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import platformdirs
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+
+from compare import LLAMA_CPP_PROBE, ours, peer  # noqa: E402
+from synthetic_models import tokenizer_metadata, typed  # noqa: E402
+
+from llamatui.inference.gguf import GGUFValueType, GGUFWriter  # noqa: E402
+from llamatui.quantizer.model import ModelFacts, TensorSpec, plan_tensor_types  # noqa: E402
+from llamatui.quantizer.rows import quantize  # noqa: E402
+
+N_VOCAB = 151936
+POOL_ROWS = 16384
+MIX = "Q4_K_M"
+TARGETS = {"qwen2.5-0.5b": {"tg128": 1.0, "pp512": 1.5}, "qwen3-30b-a3b-6l": {"tg128": 0.8}}
+
+
+def qwen25_05b() -> tuple[str, dict, list[TensorSpec]]:
+    n_layer, e, n_ff, n_head, n_kv, d = 24, 896, 4864, 14, 2, 64
+    md = {"context_length": 32768, "embedding_length": e, "block_count": n_layer,
+          "feed_forward_length": n_ff, "attention.head_count": n_head,
+          "attention.head_count_kv": n_kv, "rope.freq_base": 1e6,
+          "attention.layer_norm_rms_epsilon": 1e-6}
+    t = [("token_embd.weight", (N_VOCAB, e)), ("output_norm.weight", (e,))]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t += [(p + "attn_norm.weight", (e,)), (p + "attn_q.weight", (n_head * d, e)),
+              (p + "attn_q.bias", (n_head * d,)), (p + "attn_k.weight", (n_kv * d, e)),
+              (p + "attn_k.bias", (n_kv * d,)), (p + "attn_v.weight", (n_kv * d, e)),
+              (p + "attn_v.bias", (n_kv * d,)), (p + "attn_output.weight", (e, n_head * d)),
+              (p + "ffn_norm.weight", (e,)), (p + "ffn_gate.weight", (n_ff, e)),
+              (p + "ffn_up.weight", (n_ff, e)), (p + "ffn_down.weight", (e, n_ff))]
+    return "qwen2", md, [_spec(name, shape) for name, shape in t]
+
+
+def qwen3_30b_a3b(n_layer: int = 6) -> tuple[str, dict, list[TensorSpec]]:
+    e, n_head, n_kv, d, n_expert, n_ff_exp = 2048, 32, 4, 128, 128, 768
+    md = {"context_length": 40960, "embedding_length": e, "block_count": n_layer,
+          "feed_forward_length": 6144, "attention.head_count": n_head,
+          "attention.head_count_kv": n_kv, "attention.key_length": d,
+          "attention.value_length": d, "rope.freq_base": 1e6,
+          "attention.layer_norm_rms_epsilon": 1e-6, "expert_count": n_expert,
+          "expert_used_count": 8, "expert_feed_forward_length": n_ff_exp}
+    t = [("token_embd.weight", (N_VOCAB, e)), ("output_norm.weight", (e,)),
+         ("output.weight", (N_VOCAB, e))]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t += [(p + "attn_norm.weight", (e,)), (p + "attn_q.weight", (n_head * d, e)),
+              (p + "attn_k.weight", (n_kv * d, e)), (p + "attn_v.weight", (n_kv * d, e)),
+              (p + "attn_output.weight", (e, n_head * d)), (p + "attn_q_norm.weight", (d,)),
+              (p + "attn_k_norm.weight", (d,)), (p + "ffn_norm.weight", (e,)),
+              (p + "ffn_gate_inp.weight", (n_expert, e)),
+              (p + "ffn_gate_exps.weight", (n_expert, n_ff_exp, e)),
+              (p + "ffn_up_exps.weight", (n_expert, n_ff_exp, e)),
+              (p + "ffn_down_exps.weight", (n_expert, e, n_ff_exp))]
+    return "qwen3moe", md, [_spec(name, shape) for name, shape in t]
+
+
+MODELS = {"qwen2.5-0.5b": qwen25_05b, "qwen3-30b-a3b-6l": qwen3_30b_a3b}
+
+
+def _spec(name: str, shape: tuple[int, ...]) -> TensorSpec:
+    # as a converter writes them: vectors and the router F32, matrices F16
+    f32 = len(shape) == 1 or name.endswith("ffn_gate_inp.weight")
+    return TensorSpec(name, "F32" if f32 else "F16", shape)
+
+
+def _values(rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 values of the right scale: norms near 1, small biases, matrices ~ N(0, 1/n_in)
+    (embeddings ~ N(0, 1))."""
+    if len(shape) == 1:
+        base = 0.0 if name.endswith(".bias") else 1.0
+        return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    scale = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[-1])
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
+def _encode(type_name: str, values: np.ndarray) -> np.ndarray:
+    rows = values.reshape(-1, values.shape[-1])
+    if type_name == "F32":
+        return rows.view(np.uint8)
+    if type_name == "F16":
+        return rows.astype(np.float16).view(np.uint8)
+    return np.asarray(quantize(type_name, rows)).view(np.uint8).reshape(rows.shape[0], -1)
+
+
+def write_model(name: str, path: pathlib.Path) -> None:
+    arch, md, specs = MODELS[name]()
+    plans = plan_tensor_types(specs, ModelFacts.from_metadata(
+        {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in md.items()}}), MIX)
+    w = GGUFWriter(path)
+    w.add("general.architecture", arch)
+    w.add("general.name", f"synthetic {name} {MIX}")
+    w.add("general.file_type", 15, GGUFValueType.UINT32)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    for key, value, vtype in tokenizer_metadata(N_VOCAB):
+        w.add(key, value, vtype)
+    for key, value in md.items():
+        w.add(f"{arch}.{key}", value, typed(value))
+    for p in plans:
+        w.add_tensor_info(p.name, p.dst_type, p.shape)
+    by_name = {p.name: p for p in plans}
+    pools: dict = {}
+    rng = np.random.default_rng(0)
+
+    def source(tensor_name: str):
+        p = by_name[tensor_name]
+        n_rows = int(np.prod(p.shape[:-1], dtype=np.int64))
+        if n_rows <= POOL_ROWS and len(p.shape) <= 2:
+            return _encode(p.dst_type, _values(rng, tensor_name, p.shape))
+        key = (p.dst_type, p.shape[-1], tensor_name == "token_embd.weight")
+        if key not in pools:
+            pools[key] = _encode(p.dst_type, _values(rng, tensor_name, (POOL_ROWS, p.shape[-1])))
+        pool = pools[key]
+        return (pool[:min(POOL_ROWS, n_rows - r0)] for r0 in range(0, n_rows, POOL_ROWS))
+
+    w.write(tensor_source=source)
+
+
+def cached_model(name: str, cache: pathlib.Path) -> pathlib.Path:
+    path = cache / f"{name}-{MIX}.gguf"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ...", flush=True)
+        write_model(name, path)  # GGUFWriter writes a partial file and renames it at the end
+    return path
+
+
+# --cpu: tokens per CPU-second on one thread, which other processes on shared cores disturb far
+# less than wall time (no thread of ours waits for a descheduled sibling; llama.cpp's one
+# thread never spins at a barrier). Each probe prints {"pp512": t/s, "tg128": t/s}.
+CPU_TIMING = r"""
+fill(ids[:512])  # warm-up: every kernel loaded (or compiled) before the clock starts
+reset()
+fill(ids[:4])
+step(ids[4], 4)
+step(ids[5], 5)
+reset()
+c0 = time.process_time(); fill(ids[:512]); pp = time.process_time() - c0
+reset()
+fill(ids[:4])
+c0 = time.process_time()
+for i, t in enumerate(ids[4:132]):
+    step(t, 4 + i)
+tg = time.process_time() - c0
+print(json.dumps({"pp512": 512 / pp, "tg128": 128 / tg}))
+"""
+OURS_CPU_PROBE = r"""
+import json, sys, time, numba, numpy as np
+numba.set_num_threads(1)
+from llamatui.inference.model import Batch, Model
+model = Model.load(sys.argv[1], n_ctx=1024)
+ids = np.random.default_rng(0).integers(0, model.n_vocab, 512).tolist()
+reset = model.kv.clear
+def fill(tokens):
+    model.decode(Batch(tokens, pos=0))
+def step(token, pos):
+    model.decode(Batch([token], pos=pos))
+""" + CPU_TIMING
+LLAMA_CPP_CPU_PROBE = r"""
+import json, sys, time, numpy as np
+from llama_cpp import Llama
+llm = Llama(sys.argv[1], n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=1,
+            n_threads_batch=1, verbose=False)
+ids = np.random.default_rng(0).integers(0, llm.n_vocab(), 512).tolist()
+reset = llm.reset
+def fill(tokens):
+    llm.eval(tokens)
+def step(token, pos):
+    llm.eval([token])
+""" + CPU_TIMING
+
+
+def cpu_probe(probe: str, module: str, path: pathlib.Path):
+    if subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode:
+        return None, f"{module} not installed"
+    proc = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+
+def llama_bench(binary: str, path: pathlib.Path, threads: int, reps: int):
+    """llama-bench's pp512 and tg128 (its mean t/s over `reps`) on the file: ({test: t/s}, None)
+    or (None, why not)."""
+    proc = subprocess.run([binary, "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
+                           "-r", str(reps), "-o", "json"], capture_output=True, text=True)
+    if proc.returncode:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    res = {}
+    for row in json.loads(proc.stdout):
+        if (row["n_prompt"], row["n_gen"]) == (512, 0):
+            res["pp512"] = row["avg_ts"]
+        elif (row["n_prompt"], row["n_gen"]) == (0, 128):
+            res["tg128"] = row["avg_ts"]
+    return res, None
+
+
+def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool = False,
+            bench_binary: str | None = None):
+    """Rounds of llamatui and llama.cpp in turn (who goes first alternates), each round `reps`
+    repetitions of each test: on shared cores the round least disturbed shows each runtime's
+    speed best. Returns ({test: [t/s of each round]} for llamatui, the same for llama.cpp or
+    None, why not)."""
+    mine, theirs, why = {"pp512": [], "tg128": []}, {"pp512": [], "tg128": []}, None
+    for r in range(rounds):
+        order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
+        for who in order:
+            if who == "ours":
+                res, failed = cpu_probe(OURS_CPU_PROBE, "llamatui", path) if cpu else \
+                    (ours(path, threads, reps), None)
+                if failed:
+                    raise SystemExit(f"llamatui failed on {path}: {failed}")
+                for test in mine:
+                    mine[test].append(res[test])
+            elif why is None:
+                if cpu:
+                    res, why = cpu_probe(LLAMA_CPP_CPU_PROBE, "llama_cpp", path)
+                elif bench_binary:
+                    res, why = llama_bench(bench_binary, path, threads, reps)
+                else:
+                    res, why = peer(LLAMA_CPP_PROBE, "llama_cpp", path, threads, reps)
+                for test in theirs:
+                    if res is not None:
+                        theirs[test].append(res[test])
+    return mine, (theirs if why is None else None), why
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds of both runtimes in turn; the best round of each is compared")
+    ap.add_argument("--cpu", action="store_true",
+                    help="tokens per CPU-second on one thread instead of wall-clock speed")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH")
+                    or shutil.which("llama-bench"),
+                    help="llama.cpp's llama-bench binary (wall-clock mode; default: $LLAMA_BENCH "
+                         "or llama-bench on PATH; none: llama-cpp-python)")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--cache", type=pathlib.Path,
+                    default=pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "bench-models")
+    args = ap.parse_args()
+    for name in args.models:
+        path = cached_model(name, args.cache)
+        bench_binary = None if args.cpu else args.llama_bench
+        peer_name = bench_binary or "llama-cpp-python"
+        how = "1 thread, tokens per CPU-second" if args.cpu else \
+            f"-t {args.threads}, {args.repetitions} repetitions"
+        print(f"\n## {name}: {path.name}, {path.stat().st_size / 2**20:.0f} MiB "
+              f"({how}, {args.rounds} rounds; "
+              f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; "
+              f"llama.cpp: {peer_name})", flush=True)
+        mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds, args.cpu,
+                                    bench_binary)
+        print(f"| {'runtime':10s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | rounds (pp; tg)")
+        print(f"|{'-' * 12}|{'-' * 11}:|{'-' * 11}:|{'-' * 16}")
+        for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
+            if res is None:
+                print(f"| {label:10s} | {'—':>10s} | {'—':>10s} |  ({why})")
+                continue
+            rounds = "; ".join(" ".join(f"{v:.1f}" for v in res[t]) for t in ("pp512", "tg128"))
+            print(f"| {label:10s} | {max(res['pp512']):10.1f} | {max(res['tg128']):10.1f} | "
+                  f"{rounds}")
+        if theirs is None:
+            continue
+        for test in ("pp512", "tg128"):
+            ratio = max(mine[test]) / max(theirs[test])
+            target = TARGETS[name].get(test)
+            verdict = "" if target is None else \
+                f" (target ≥ {target:.1f}x: {'met' if ratio >= target else 'MISSED'})"
+            print(f"{test}: llamatui / llama.cpp = {ratio:.2f}x{verdict}")
+        print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
