@@ -233,7 +233,7 @@ GRAMMARS = {
                        (r"(?(DEFINE)(?<n>[a-z][a-z_]{0,14})"
                         r'(?<v>[0-9]{1,5}|true|false|"[a-zA-Z0-9 ]{0,20}"))'
                         r"\[(?&n)\]\n((?&n) = (?&v)\n){1,3}")),
-    "json_small.gbnf": ("Describe a dog as JSON.",
+    "json_small.gbnf": ("Describe a dog as JSON with its name and age.",
                         (r"(?(DEFINE)(?<v>(?&o)|(?&a)|(?&s)|(?&n)|true|false|null)"
                          r"(?<o>\{(?:(?&s): (?&v)(?:, (?&s): (?&v)){0,3})?\})"
                          r"(?<a>\[(?:(?&v)(?:, (?&v)){0,3})?\])"
