@@ -4,9 +4,10 @@ import sys
 
 from rich.console import Console
 
+from llamatui.inference.constraint import ConstraintSpec
 from llamatui.inference.sampling import SamplingParams
 
-from .cli import UsageError
+from .cli import CommandError, UsageError
 from .engine_args import add_chat_template_arguments, add_model_arguments, load_engine
 from .flags import checked, finite_float, int_at_least, probability
 
@@ -22,6 +23,7 @@ def add_arguments(p):
                    help="number of tokens to predict (default: -1, -1 = until end of "
                         "generation, -2 = until the context is full)")
     add_sampling_arguments(p)
+    add_constraint_arguments(p)
     p.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="PROMPT",
                    help="halt generation at PROMPT (may be repeated)")
     p.add_argument("--chat", action="store_true",
@@ -71,6 +73,42 @@ def add_sampling_arguments(p):
                    help="RNG seed (default: -1, use random seed for -1)")
 
 
+def add_constraint_arguments(p):
+    """llama.cpp's structured-output flags (common/arg.cpp); one of them at most."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--grammar", metavar="GRAMMAR", default=None,
+                       help="GBNF grammar (llama.cpp's grammars/ format) to constrain "
+                            "generations")
+    group.add_argument("--grammar-file", metavar="FNAME", default=None,
+                       help="file to read the GBNF grammar from")
+    group.add_argument("-j", "--json-schema", metavar="SCHEMA", default=None,
+                       help='JSON schema to constrain generations (https://json-schema.org/), '
+                            'e.g. \'{"type": "object"}\' for any JSON object')
+    group.add_argument("-jf", "--json-schema-file", metavar="FILE", default=None,
+                       help="file containing a JSON schema to constrain generations")
+
+
+def constraint_from_args(args) -> ConstraintSpec | None:
+    """The flags' constraint, read and checked (ConstraintError names what is refused) before
+    the model loads."""
+    if args.grammar is not None:
+        spec = ConstraintSpec("gbnf", args.grammar)
+    elif args.json_schema is not None:
+        spec = ConstraintSpec("json_schema", args.json_schema)
+    elif args.grammar_file or args.json_schema_file:
+        path = args.grammar_file or args.json_schema_file
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CommandError(f"cannot read {path}: {e}") from None
+        spec = ConstraintSpec("gbnf" if args.grammar_file else "json_schema", text)
+    else:
+        return None
+    spec.compile()
+    return spec
+
+
 def _finite_and_positive(v: float) -> bool:
     return v > 0 and math.isfinite(v) and math.isfinite(1 / v)  # 1/v: penalties divide by it
 
@@ -115,17 +153,27 @@ def stream(engine, prompt, sampling, err):
     raise RuntimeError("generation ended without a final event")
 
 
-def reply(engine, prompt, sampling, n_predict: int, err) -> str:
-    """One generation with -n's meaning, printed as it arrives and followed by its statistics.
-    -n 0 generates nothing, as llama-completion's loop never starts with n_remain 0."""
+def reply(engine, prompt, sampling, n_predict: int, err):
+    """One generation with -n's meaning, printed as it arrives and followed by its statistics;
+    returns (text, final event). -n 0 generates nothing (event None), as llama-completion's
+    loop never starts with n_remain 0."""
     if n_predict == 0:
-        return ""
+        return "", None
     budget = generation_budget(engine, prompt, n_predict)
     text, event = stream(engine, prompt, {**sampling, "max_tokens": budget}, err)
     if n_predict == -2 and event.finish_reason == "length":
         err.print("\n[dim]context full and n_predict == -2 => stopping[/]")  # llama-completion's
     print_stats(event, err)
-    return text
+    if cut_short(event):
+        err.print(f"[yellow]warning: generation stopped ({event.finish_reason}) before the "
+                  f"grammar was complete: the output does not match it[/]", soft_wrap=True)
+    return text, event
+
+
+def cut_short(event) -> bool:
+    """A constrained generation that ended before its grammar did (only the grammar's end lets
+    EOG through, so any other stop leaves output that does not match)."""
+    return event is not None and event.constrained and event.finish_reason != "eog"
 
 
 def print_stats(event, console):
@@ -133,7 +181,9 @@ def print_stats(event, console):
         f"\n[dim]prompt: {event.n_prompt} tokens ({event.n_reused} cached), "
         f"{event.prompt_tps:.1f} tok/s | generated: {event.n_generated} tokens, "
         f"{event.gen_tps:.1f} tok/s | first token after {event.time_to_first_token:.2f} s | "
-        f"KV {event.kv_used}/{event.kv_total} | stop: {event.finish_reason}[/]", soft_wrap=True)
+        f"KV {event.kv_used}/{event.kv_total} | stop: {event.finish_reason}"
+        + (f" | constrained: {event.n_forced} tokens forced, {event.mask_ms:.3f} ms/token"
+           if event.constrained else "") + "[/]", soft_wrap=True)
 
 
 def run(args):
@@ -149,13 +199,16 @@ def run(args):
     elif args.prompt is None:
         raise UsageError("give a prompt with -p or -f, or use --chat")
     sampling = sampling_from_args(args)
+    spec = constraint_from_args(args)
+    if spec is not None:
+        sampling["constraint"] = spec
     engine = load_engine(args)
     try:
         if args.keep == -1:
             engine.n_keep = _keep_all(engine, args)
         if not args.chat:
-            reply(engine, args.prompt, sampling, args.n_predict, err)
-            return 0
+            event = reply(engine, args.prompt, sampling, args.n_predict, err)[1]
+            return 1 if cut_short(event) else 0
         return chat(engine, sampling, args.system_prompt, args.n_predict, err)
     finally:
         engine.close()
@@ -189,7 +242,7 @@ def chat(engine, sampling, system_prompt, n_predict, err):
             continue
         messages.append({"role": "user", "content": line})
         try:
-            answer = reply(engine, messages, sampling, n_predict, err)
+            answer = reply(engine, messages, sampling, n_predict, err)[0]
         except KeyboardInterrupt:
             engine.cancel()
             messages.pop()

@@ -44,6 +44,10 @@ def default_export_dir() -> pathlib.Path:
 # per-chat settings
 
 
+class OutputFormatError(ValueError):
+    """The chat's JSON output setting names a schema file that cannot be used."""
+
+
 class SettingsError(ValueError):
     """Invalid chat settings; `errors` maps each bad field to what is wrong with it."""
 
@@ -67,6 +71,8 @@ class ChatSettings:
     seed: int | None = None
     n_ctx: int = 4096
     chat_template: str = ""  # a built-in template's name; "" = the model's own
+    # the reply's format: "" = free text, "json" = any JSON object, else a JSON schema file
+    json_output: str = ""
 
     # (field, label, help) in the order the settings form shows them
     FORM = (
@@ -80,6 +86,8 @@ class ChatSettings:
         ("n_ctx", "Context size", "tokens the model sees (reloads the model)"),
         ("chat_template", "Chat template", "empty = the model's own; or a built-in: chatml, "
                                            "llama3, gemma, phi3, mistral-v7, deepseek, …"),
+        ("json_output", "JSON output", "empty = free text; json = any JSON object; or the path "
+                                       "of a JSON schema file (.json)"),
     )
 
     def __post_init__(self):
@@ -124,6 +132,10 @@ class ChatSettings:
             e["chat_template"] = "must be text"
         elif self.chat_template and self.chat_template not in CHAT_TEMPLATE_NAMES:
             e["chat_template"] = "not a built-in template (chatml, llama3, gemma, phi3, …)"
+        if not isinstance(self.json_output, str):
+            e["json_output"] = "must be text"
+        elif self.json_output not in ("", "json") and not self.json_output.endswith(".json"):
+            e["json_output"] = "empty, json, or a JSON schema file's path ending in .json"
         return e
 
     @classmethod
@@ -131,8 +143,9 @@ class ChatSettings:
         """Settings from the text a user typed (empty = None for the optional fields);
         raises SettingsError naming every bad field."""
         kinds = {"temperature": float, "top_p": float, "min_p": float, "repeat_penalty": float,
-                 "top_k": int, "max_tokens": int, "seed": int, "n_ctx": int, "chat_template": str}
-        optional = {"max_tokens", "seed", "chat_template"}
+                 "top_k": int, "max_tokens": int, "seed": int, "n_ctx": int, "chat_template": str,
+                 "json_output": str}
+        optional = {"max_tokens", "seed", "chat_template", "json_output"}
         defaults = cls()
         parsed: dict = {"system_prompt": system_prompt}
         errors: dict[str, str] = {}
@@ -200,7 +213,31 @@ class ChatSettings:
                  f"context {self.n_ctx}"]
         if self.chat_template:
             parts.append(f"chat template {self.chat_template}")
+        if self.json_output:
+            parts.append(f"JSON output {self.json_output}")
         return ", ".join(parts)
+
+    def output_constraint(self) -> dict:
+        """Engine.generate's keyword for the reply's format: {} (free text),
+        `constraint=` any JSON object, or `json_schema=` the schema file's (read now: call it
+        off the UI thread). OutputFormatError names a file that is missing or not a schema."""
+        if not self.json_output:
+            return {}
+        if self.json_output == "json":
+            from llamatui.inference import ConstraintSpec  # numba's kernels: not at import
+            return {"constraint": ConstraintSpec("json_object")}
+        path = pathlib.Path(self.json_output).expanduser()
+        try:
+            schema = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise OutputFormatError(f"the JSON schema file {path} cannot be read: "
+                                    f"{e.strerror or e}") from None
+        except ValueError as e:
+            raise OutputFormatError(f"the JSON schema file {path} is not JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise OutputFormatError(f"the JSON schema file {path} holds a "
+                                    f"{type(schema).__name__}, not a JSON object")
+        return {"json_schema": schema}
 
 
 # --------------------------------------------------------------------------------------------

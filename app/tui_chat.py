@@ -24,8 +24,8 @@ from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static
 
-from .conversations import (ChatSettings, Conversation, Message, code_blocks, export_to_file,
-                            title_from)
+from .conversations import (ChatSettings, Conversation, Message, OutputFormatError, code_blocks,
+                            export_to_file, title_from)
 from .tui_keys import footer_bindings
 from .tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal, ExportModal,
                          ModelsModal, SettingsModal)
@@ -159,8 +159,7 @@ class Reply:
 
 def describe_error(error: BaseException, path: str | None = None) -> tuple[str, str]:
     """(title, message) for an error the user should see."""
-    from llamatui.inference import ContextFullError, GGUFError
-    from llamatui.inference import ChatTemplateError
+    from llamatui.inference import ChatTemplateError, ConstraintError, ContextFullError, GGUFError
     name = pathlib.Path(path).name if path else "the model"
     if isinstance(error, FileNotFoundError):
         return "Model file missing", f"{path or error.filename}: no such file."
@@ -178,6 +177,9 @@ def describe_error(error: BaseException, path: str | None = None) -> tuple[str, 
     if isinstance(error, ChatTemplateError):
         return "Chat template failed", (f"{name}: {error}. The model's own chat template "
                                         "could not turn this chat into a prompt.")
+    if isinstance(error, (OutputFormatError, ConstraintError)):
+        return "JSON output setting", (f"{error}. Change or clear JSON output in the chat "
+                                       "settings (ctrl+s).")
     return type(error).__name__, str(error) or type(error).__name__
 
 
@@ -519,15 +521,15 @@ class ChatScreen(Screen):
         self._state_changed()
         self.engine_users.enter(self.engine)
         start_thread(f"generate {self.gen_id}", self._generate, self.gen_id, self.engine,
-                     history, self.settings.sampling(), self.reply.stop,
-                     self.settings.chat_template or None)
+                     history, self.settings, self.reply.stop)
 
-    def _generate(self, gen_id: int, engine, history, sampling, stop: threading.Event,
-                  chat_template: str | None) -> None:
+    def _generate(self, gen_id: int, engine, history, settings, stop: threading.Event) -> None:
         """Thread: streams the engine's events as messages."""
         try:
-            engine.set_chat_template(chat_template)  # the chat's choice, or the model's own
-            for event in engine.generate(history, **sampling):
+            # the chat's template (or the model's own), and its output format
+            engine.set_chat_template(settings.chat_template or None)
+            output = settings.output_constraint()  # reads a schema file: here, not in the UI
+            for event in engine.generate(history, **settings.sampling(), **output):
                 if stop.is_set():  # a stop that came before the engine's generate began
                     engine.cancel()
                 self._post(Generated(gen_id, event))

@@ -195,6 +195,7 @@ class EnginePanel(Vertical):
         self.prompt_tps = self.gen_tps = self.ttft = None
         self.kv_used = 0
         self.t_start = self.t_gen = None  # generation start; first "prompt" event's arrival
+        self.mask_ms: float | None = None  # constraint work per token; None: free text
 
     def compose(self) -> ComposeResult:
         yield Label("Engine", classes="panel-title")
@@ -258,12 +259,15 @@ class EnginePanel(Vertical):
         self.n_prompt = self.n_reused = self.n_generated = 0
         self.prompt_tps = self.gen_tps = self.ttft = None
         self.t_start, self.t_gen = time.monotonic(), None
+        self.mask_ms = None
         self.refresh_all()
 
     def generation_event(self, event) -> None:
         """A GenerationEvent from the engine."""
         self.n_prompt, self.n_reused = event.n_prompt, event.n_reused
         self.kv_used = event.kv_used
+        if event.constrained:
+            self.mask_ms = event.mask_ms
         if event.kind == "prompt":
             self.prompt_tps = event.prompt_tps
             self.t_gen = time.monotonic()
@@ -342,6 +346,8 @@ class EnginePanel(Vertical):
         run.add_row("Generated", f"{self.n_generated} tok")
         run.add_row("Gen t/s", self._timing(self.gen_tps, "{:.1f}"))
         run.add_row("First token", self._timing(self.ttft, "{:.2f} s"))
+        if self.mask_ms is not None:  # the reply follows a JSON output setting
+            run.add_row("Constrained", self._timing(self.mask_ms, "mask {:.3f} ms/tok"))
         self.query_one("#run-stats", Static).update(run)
 
         gauge = self.query_one("#kv-gauge", ProgressBar)

@@ -13,6 +13,7 @@ _EXPORTS = {
     "SamplingParams": "sampling", "QueueFullError": "scheduler",
     "NonFiniteLogitsError": "scheduler", "ModelMetadataError": "hparams",
     "InsufficientMemoryError": "memory", "UnsupportedArchitectureError": "catalog",
+    "ConstraintSpec": "constraint", "ConstraintError": "constraint",
     "EmbeddingOnlyError": "model", "POOLINGS": "embedding",
 }
 __all__ = list(_EXPORTS)

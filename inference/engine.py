@@ -23,6 +23,7 @@ import numpy as np
 
 from .catalog import mix_name
 from .chat_template import ChatTemplate
+from .constraint import Constraint, ConstraintError, ConstraintSpec
 from .embedding import EUCLIDEAN, POOLINGS, normalize
 from .gguf import GGUFFile
 from .model import Batch, EmbeddingOnlyError, Model
@@ -31,8 +32,9 @@ from .scheduler import (CONTEXT_POLICIES, ContextFullError, GenerationEvent, Que
                         Scheduler)
 from .tokenizer import Tokenizer
 
-__all__ = ["ContextFullError", "EmbeddingOnlyError", "Engine", "EngineBusyError",
-           "EngineClosedError", "GenerationEvent", "ModelInfo", "POOLINGS"]
+__all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "EmbeddingOnlyError",
+           "Engine", "EngineBusyError", "EngineClosedError", "GenerationEvent", "ModelInfo",
+           "POOLINGS"]
 
 Progress = Callable[[str, int, int], None]
 MIN_CTX = 8  # as llama.cpp raises a smaller n_ctx to
@@ -85,6 +87,25 @@ def _as_tuple(stop) -> tuple:
     if stop is None:
         return ()
     return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def constraint_spec(constraint: ConstraintSpec | None = None, grammar: str | None = None,
+                    json_schema=None) -> ConstraintSpec | None:
+    """One ConstraintSpec from generate()'s three ways of giving one (at most one of them):
+    a spec, llama.cpp's `grammar` (GBNF) or `json_schema` (a mapping or its JSON text)."""
+    given = [name for name, v in (("constraint", constraint), ("grammar", grammar),
+                                  ("json_schema", json_schema)) if v is not None]
+    if len(given) > 1:
+        raise ConstraintError(f"give one of constraint, grammar and json_schema, not "
+                              f"{' and '.join(given)}")
+    if grammar is not None:
+        return ConstraintSpec("gbnf", grammar)
+    if json_schema is not None:
+        return ConstraintSpec("json_schema", json_schema)
+    if constraint is not None and not isinstance(constraint, ConstraintSpec):
+        raise ConstraintError(f"constraint must be a ConstraintSpec, got "
+                              f"{type(constraint).__name__}")
+    return constraint
 
 
 def _sampling_params(sampling: Mapping) -> SamplingParams:
@@ -233,10 +254,12 @@ class Engine:
         return self.tokenizer.decode(ids)
 
     def apply_chat_template(self, messages: Sequence[Mapping],
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True, **template_vars) -> str:
         """The prompt text for a chat; raises ChatTemplateError (a ValueError) when the template
-        fails, within a couple of seconds whatever the template does."""
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        fails, within a couple of seconds whatever the template does. `template_vars`: more
+        Jinja variables (`tools`, `enable_thinking`), as llama.cpp's chat params pass them."""
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                    **template_vars)
 
     def set_chat_template(self, name_or_source: str | None) -> None:
         """Speaks to the model in another template from the next chat on: a built-in name
@@ -379,11 +402,18 @@ class Engine:
                                    f"context", len(ids), n_ctx)
         return self.scheduler.fit_prompt(ids)
 
-    def generate(self, prompt_or_messages, **sampling) -> Iterator[GenerationEvent]:
+    def generate(self, prompt_or_messages, *, constraint: ConstraintSpec | None = None,
+                 grammar: str | None = None, json_schema=None,
+                 **sampling) -> Iterator[GenerationEvent]:
         """Streams a completion of a raw prompt (str) or a chat (list of messages).
         Sampling options are SamplingParams' fields (temperature, top_k, top_p, min_p,
         repeat_penalty, seed, max_tokens, stop, logit_bias, ...); max_tokens None means until
         the end-of-generation token or the context policy stops it.
+
+        Structured output (at most one): `grammar` (GBNF, llama.cpp's --grammar), `json_schema`
+        (a mapping or JSON text, llama.cpp's --json-schema) or `constraint` (a ConstraintSpec:
+        also regex, Lark, any JSON object). A schema or grammar that cannot be used raises
+        ConstraintError before anything is generated.
 
         Raises EngineBusyError when every slot is generating (unless a server loop runs the
         scheduler: then the request waits its turn). Closing or dropping the generator ends
@@ -395,17 +425,23 @@ class Engine:
         if end_text:
             sampling = {**sampling, "stop": (*_as_tuple(sampling.get("stop")), end_text)}
         params = _sampling_params(sampling)
+        spec = constraint_spec(constraint, grammar, json_schema)
         ids = self.prompt_tokens(prompt_or_messages)
         if not ids:
             raise ValueError("the prompt is empty")
         self.fit_prompt(ids)  # an oversized prompt under context policy "error" fails here
-        return self._stream(ids, params)
+        # built here, not when the stream starts, so that a refused schema fails the call
+        rules = None if spec is None else Constraint.build(self.tokenizer, self.model.n_vocab,
+                                                           spec)
+        return self._stream(ids, params, rules)
 
-    def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[GenerationEvent]:
+    def _stream(self, ids: list[int], params: SamplingParams,
+                rules: Constraint | None) -> Iterator[GenerationEvent]:
         events: queue.SimpleQueue = queue.SimpleQueue()
         sched = self.scheduler
         try:
-            req = sched.add_request(ids, params, events.put, wait=sched.serving)
+            req = sched.add_request(ids, params, events.put, wait=sched.serving,
+                                    constraint=rules)
         except QueueFullError:
             raise EngineBusyError("the engine is busy with another generation; finish or close "
                                   "it first (engine.cancel() stops it)") from None

@@ -21,6 +21,10 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   "context_full".
 - `cancel(request)` from any thread: a queued request ends at once, a prefilling or generating one
   at the next step; either way its slot is free again.
+- A request with a `constraint` (inference/constraint.py: a JSON schema, regex, Lark or GBNF
+  grammar) samples only what the grammar allows; tokens the grammar forces are appended to the
+  slot's next batch together with the sampled one (decoded at once, not one step each), and the
+  request ends ("eog") as soon as the grammar is complete.
 
 Who steps: a server runs `serve_forever` in one engine thread; `Engine.generate` drives steps
 from its caller's thread when no such loop runs (`step_if_free`). Decoding runs in numba's nogil
@@ -37,11 +41,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .constraint import Constraint, ConstraintError, ConstraintSpec
 from .model import Batch
 from .sampling import Sampler, SamplingParams, StopStringMatcher
 
-__all__ = ["ContextFullError", "GenerationEvent", "NonFiniteLogitsError", "QueueFullError",
-           "Request", "Scheduler", "SlotState"]
+__all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "GenerationEvent",
+           "NonFiniteLogitsError", "QueueFullError", "Request", "Scheduler", "SlotState"]
 
 SLOT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity
 CONTEXT_POLICIES = ("error", "shift")
@@ -84,11 +89,16 @@ class GenerationEvent:
     time_to_first_token: float = 0.0
     kv_used: int = 0
     kv_total: int = 0
-    finish_reason: str | None = None  # "stop", "eog", "length", "cancelled", "context_full", "error"
+    # "stop", "eog" (also: a constraint's grammar is complete), "length", "cancelled",
+    # "context_full", "error"
+    finish_reason: str | None = None
     logprob: float | None = None  # of token_id, when the request asked for n_probs
     top_logprobs: list = field(default_factory=list)  # [(token id, logprob)], most likely first
     error: str | None = None
     slot: int = -1
+    constrained: bool = False  # the request has a grammar or JSON schema
+    mask_ms: float = 0.0  # constraint work per generated token so far, milliseconds
+    n_forced: int = 0  # generated tokens the grammar forced (no sampling)
 
 
 class SlotState:
@@ -105,7 +115,8 @@ class Request:
     thread; `done` once its last event was emitted."""
 
     def __init__(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
-                 n_probs: int = 0, cache_prompt: bool = True, n_dropped: int = 0):
+                 n_probs: int = 0, cache_prompt: bool = True, n_dropped: int = 0,
+                 constraint: Constraint | None = None):
         self.id = next(_ids)
         self.prompt = list(prompt)
         self.params = params
@@ -113,6 +124,7 @@ class Request:
         self.n_probs = int(n_probs)
         self.cache_prompt = bool(cache_prompt)
         self.n_dropped = n_dropped
+        self.constraint = constraint
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.exception: BaseException | None = None  # what ended it, when finish_reason is "error"
@@ -141,7 +153,7 @@ class Slot:
         self.prompt_pos = 0  # next prompt token to feed
         self.n_reused = 0
         self.n_generated = 0
-        self.pending: int | None = None  # sampled, not yet in the cache
+        self.pending: list[int] = []  # sampled (and forced) tokens, not yet in the cache
         self.t_start = self.t_prompt_done = self.ttft = 0.0
         self.prompt_tps = 0.0
 
@@ -216,10 +228,14 @@ class Scheduler:
 
     def add_request(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
                     *, n_probs: int = 0, cache_prompt: bool = True, truncate: bool = True,
-                    wait: bool = True) -> Request:
+                    wait: bool = True, constraint: ConstraintSpec | Constraint | None = None
+                    ) -> Request:
         """Queues a completion of `prompt` (token ids). A prompt that does not fit a slot is cut
         (truncate) or refused with ContextFullError; with `wait` False a request that finds every
-        slot busy is refused with QueueFullError; past `max_queue` waiting requests too."""
+        slot busy is refused with QueueFullError; past `max_queue` waiting requests too.
+        `constraint`: what the output must match (a spec, or a Constraint already built from one
+        for this request); a schema or grammar that cannot be used is refused here with
+        ConstraintError (a ValueError naming what is unsupported)."""
         ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty")
@@ -234,7 +250,11 @@ class Scheduler:
                     f"shorten it or use a larger context", n_given, self.n_ctx_slot)
             ids = self.fit_prompt(ids)
         Sampler(params, n_vocab)  # checks logit_bias against the vocabulary now, not mid-step
-        req = Request(ids, params, emit, n_probs, cache_prompt, n_given - len(ids))
+        grammar = Constraint.build(self.tokenizer, n_vocab, constraint) \
+            if isinstance(constraint, ConstraintSpec) else constraint
+        if grammar is not None and (not isinstance(grammar, Constraint) or grammar.n_tokens):
+            raise ConstraintError("constraint must be a ConstraintSpec or an unused Constraint")
+        req = Request(ids, params, emit, n_probs, cache_prompt, n_given - len(ids), grammar)
         with self._lock:
             busy = all(s.request is not None for s in self.slots)
             if busy and not wait:
@@ -371,7 +391,9 @@ class Scheduler:
         slot.prompt_pos = slot.n_reused = reuse
         slot.sampler = Sampler(req.params, self.model.n_vocab, n_ctx=slot.n_ctx)
         slot.sampler.accept_many(req.prompt)
-        slot.decoder = self.tokenizer.stream_decoder(unparse_special=False)
+        # a grammar checked the raw pieces: show those, not detokenize's cleaned-up text
+        slot.decoder = self.tokenizer.stream_decoder(unparse_special=False,
+                                                     verbatim=req.constraint is not None)
         slot.stops = StopStringMatcher(req.params.stop)
         slot.state = SlotState.PROMPT
         slot.t_start = time.perf_counter()
@@ -392,11 +414,13 @@ class Scheduler:
                 outputs.append((slot, len(outputs)))
 
         for slot in self.slots:
-            if slot.state == SlotState.GENERATING and slot.pending is not None:
-                if len(slot.tokens) >= slot.n_ctx and not self._make_room(slot):
+            if slot.state == SlotState.GENERATING and slot.pending:
+                if len(slot.tokens) + len(slot.pending) > slot.n_ctx \
+                        and not self._make_room(slot, len(slot.pending)):
                     continue
-                add(slot, slot.pending, True)
-                slot.pending = None
+                for i, token in enumerate(slot.pending):  # forced tokens come in one batch
+                    add(slot, token, i == len(slot.pending) - 1)
+                slot.pending = []
         for slot in self.slots:
             if slot.state != SlotState.PROMPT:
                 continue
@@ -411,14 +435,18 @@ class Scheduler:
             return None, []
         return Batch(tokens, pos=pos, seq_ids=seqs, logits=want), outputs
 
-    def _make_room(self, slot: Slot) -> bool:
-        """A full slot: shift its context (True) or finish it (False)."""
+    def _make_room(self, slot: Slot, n_new: int = 1) -> bool:
+        """A full slot: shift its context to make room for n_new tokens (True) or finish it
+        (False)."""
         if self.context_policy == "error":
             self._finish(slot, "context_full")
             return False
         n_past = len(slot.tokens)
         n_keep = min(self._n_keep(n_past), n_past - 2)
-        n_discard = (n_past - n_keep) // 2
+        n_discard = max((n_past - n_keep) // 2, n_past + n_new - slot.n_ctx)
+        if n_discard > n_past - n_keep:
+            self._finish(slot, "context_full")
+            return False
         kv = self.model.kv
         kv.seq_rm(slot.id, n_keep, n_keep + n_discard)
         kv.seq_add(slot.id, n_keep + n_discard, n_past, -n_discard)
@@ -455,12 +483,33 @@ class Scheduler:
         req.emit(self._event(slot, "prompt"))
 
     def _sample(self, slot: Slot, row: np.ndarray, now: float) -> None:
+        """The slot's next token(s) from its logits: one sampled token, plus what a constraint
+        then forces; or, when a constraint forces tokens before any sampling, those alone."""
         req = slot.request
         if not np.isfinite(row).all():
             raise NonFiniteLogitsError(
                 "the model produced non-finite logits (NaN or infinity): its weights or "
                 "metadata are broken")
-        token = slot.sampler.sample(row)
+        grammar = req.constraint
+        if grammar is None:
+            tokens, sampled = [slot.sampler.sample(row)], True
+        else:
+            tokens, sampled = grammar.take_forced(), False
+            if not tokens:
+                token = grammar.sample(slot.sampler, row)
+                tokens, sampled = [token, *grammar.commit(token)], True
+        for i, token in enumerate(tokens):
+            if not self._append(slot, token, row if sampled and i == 0 else None, now):
+                return
+        if grammar is not None and grammar.done:
+            self._finish(slot, "eog")  # only EOG may follow: no need to decode for it
+        else:
+            slot.pending = tokens
+
+    def _append(self, slot: Slot, token: int, row: np.ndarray | None, now: float) -> bool:
+        """Adds one generated token (row: the logits it was sampled from, None when forced) and
+        emits its event; False when that finished the request."""
+        req = slot.request
         slot.sampler.accept(token)
         slot.n_generated += 1
         self.stats["n_generated_tokens"] += 1
@@ -468,10 +517,10 @@ class Scheduler:
             slot.ttft = now - req.t_queued
         if self.tokenizer.is_eog(token):
             self._finish(slot, "eog")
-            return
+            return False
         text, stopped = slot.stops.feed(slot.decoder.feed(token))
         event = self._event(slot, "token", text=text, token_id=token)
-        if req.n_probs:
+        if req.n_probs and row is not None:
             event.logprob, event.top_logprobs = _logprobs(row, token, req.n_probs)
         req.emit(event)
         if stopped:
@@ -479,11 +528,15 @@ class Scheduler:
         elif req.params.max_tokens is not None and slot.n_generated >= req.params.max_tokens:
             self._finish(slot, "length")
         else:
-            slot.pending = token
+            return True
+        return False
 
     def _event(self, slot: Slot, kind: str, **fields) -> GenerationEvent:
         req = slot.request
         elapsed = time.perf_counter() - slot.t_prompt_done if slot.t_prompt_done else 0.0
+        grammar = req.constraint
+        if grammar is not None:
+            fields.update(constrained=True, mask_ms=grammar.mask_ms, n_forced=grammar.n_forced)
         return GenerationEvent(
             kind, n_prompt=len(req.prompt), n_reused=slot.n_reused,
             n_prompt_dropped=req.n_dropped, n_generated=slot.n_generated,
@@ -509,7 +562,7 @@ class Scheduler:
         if reason not in ("stop", "error") and slot.decoder is not None:
             rest = slot.stops.feed(slot.decoder.flush())[0] + slot.stops.flush()
         event = self._event(slot, "done", text=rest, finish_reason=reason, error=error)
-        slot.request, slot.pending = None, None
+        slot.request, slot.pending = None, []
         slot.state = SlotState.IDLE
         slot.t_last_used = time.perf_counter()
         req.emit(event)

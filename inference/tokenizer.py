@@ -584,9 +584,9 @@ class Tokenizer:
         tokens are printed as their text and nothing is removed."""
         return self.detokenize(ids, remove_special, unparse_special).decode("utf-8", errors)
 
-    def stream_decoder(self, remove_special: bool = False,
-                       unparse_special: bool = True) -> "StreamDecoder":
-        return StreamDecoder(self, remove_special, unparse_special)
+    def stream_decoder(self, remove_special: bool = False, unparse_special: bool = True,
+                       verbatim: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, remove_special, unparse_special, verbatim)
 
 
 def _hex_byte(text: str) -> int:
@@ -605,15 +605,21 @@ class StreamDecoder:
     """Detokenizes one token at a time: `feed(id)` returns the text that is now final, `flush()`
     the rest. The pieces joined equal `Tokenizer.decode` of all the ids with the same flags; a
     multi-byte UTF-8 character is never split, and text that clean-up could still change (a
-    trailing space before a possible "," say) is held back until the next token decides it."""
+    trailing space before a possible "," say) is held back until the next token decides it.
+
+    verbatim: the pieces exactly as llama_token_to_piece gives them (llama-server streams them
+    so), without detokenize's clean-up or its leading-space strip: the bytes a grammar checked.
+    """
 
     def __init__(self, tokenizer: Tokenizer, remove_special: bool = False,
-                 unparse_special: bool = True):
+                 unparse_special: bool = True, verbatim: bool = False):
         self.tokenizer = tokenizer
         self.remove_special = remove_special
         self.unparse_special = unparse_special
+        self._clean_spaces = tokenizer.clean_spaces and not verbatim
+        self._space_prefix = tokenizer.add_space_prefix and not verbatim
         self._first = True
-        self._remove_space = tokenizer.add_space_prefix
+        self._remove_space = self._space_prefix
         self._held_eos = False
         self._pending = b""  # bytes the clean-up passes may still change
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
@@ -640,14 +646,14 @@ class StreamDecoder:
         out = self._commit(len(self._pending)) if self._pending else ""
         out += self._utf8.decode(b"", final=True)
         self._first = True
-        self._remove_space = self.tokenizer.add_space_prefix
+        self._remove_space = self._space_prefix
         return out
 
     def _emit(self, token_id: int) -> str:
         piece = self.tokenizer.token_to_piece(token_id, self.unparse_special,
                                               1 if self._remove_space else 0)
         self._remove_space = False
-        if not self.tokenizer.clean_spaces:
+        if not self._clean_spaces:
             return self._utf8.decode(piece)
         self._pending += piece
         return self._commit(self._safe_cut(self._pending))

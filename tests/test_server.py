@@ -171,8 +171,14 @@ def test_oversized_prompt_is_a_bad_request(client, server):
     ({"messages": CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
     ({"messages": CHAT, "logit_bias": {"99999999": 1}}, "logit_bias"),
     ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "not": {}}}}}, "response_format"),
+    ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": CHAT, "grammar": "root ::= undefined_rule"}, "grammar"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}],
+      "json_schema": {"type": "object"}}, "json_schema"),
 ])
 def test_bad_fields_are_400_naming_the_field(server, body, param):
     status, _, raw = server.post("/v1/chat/completions", body, headers=_auth())

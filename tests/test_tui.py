@@ -829,3 +829,83 @@ def test_the_chat_template_setting_speaks_to_the_model_in_that_template(home, sm
     finally:
         engine.set_chat_template(None)
     assert reply == expected
+
+
+# ------------------------------------------------------------------------------------------
+# JSON output (issue 14)
+
+JSON_QUESTION = "What is the capital of France? Answer in JSON."
+
+
+def _last_reply(app):
+    return app.chat.query(ChatMessage).last().markdown.source
+
+
+def test_json_output_setting_makes_every_reply_json(home, smollm2_path, tmp_path):
+    """Set in the settings dialog: `json` gives a JSON object; a schema file's path gives
+    replies that validate against it; a bad value is refused in the dialog."""
+    import json
+
+    import jsonschema
+    schema = {"type": "object", "required": ["capital", "country"], "additionalProperties": False,
+              "properties": {"capital": {"type": "string", "maxLength": 20},
+                             "country": {"type": "string", "maxLength": 20}}}
+    schema_file = tmp_path / "capital.json"
+    schema_file.write_text(json.dumps(schema))
+    # chatml (built in, no sandbox): after test_stop_and_quit_while_the_chat_template_renders
+    # a sandboxed render of SmolLM2's template timed out here (reported; not this feature)
+    settings = replace(FAST, max_tokens=64, chat_template="chatml")
+    set_defaults(home, settings)
+    seed_chat(home, str(smollm2_path), settings=settings, messages=[])
+
+    async def set_json_output(pilot, value):
+        await pilot.press("ctrl+s")
+        modal = pilot.app.screen
+        assert isinstance(modal, SettingsModal)
+        modal.query_one("#json_output", Input).value = value
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        return modal
+
+    async def go():
+        app = make_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            chat = app.chat
+            modal = await set_json_output(pilot, "schema.txt")
+            assert app.screen is modal and modal.query_one("#json_output-help").has_class("-error")
+            await pilot.press("escape")
+            await set_json_output(pilot, "json")
+            assert app.screen is chat and chat.settings.json_output == "json"
+            await type_and_send(pilot, JSON_QUESTION)
+            await reply_finished(app, 0)
+            first = _last_reply(app)
+            # the engine panel says the reply was constrained, with the mask work per token
+            assert chat.panel.mask_ms is not None and chat.panel.mask_ms >= 0
+            await set_json_output(pilot, str(schema_file))
+            await type_and_send(pilot, "And of Italy?")
+            await reply_finished(app, 1)
+            return first, _last_reply(app)
+
+    first, second = run(go())
+    assert isinstance(json.loads(first), dict)
+    jsonschema.validate(json.loads(second), schema)
+
+
+def test_a_missing_schema_file_is_reported_not_raised(home, smollm2_path, tmp_path):
+    missing = tmp_path / "gone.json"
+    set_defaults(home, replace(FAST, json_output=str(missing)))
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        notes = []
+        app.notify = lambda message, **kw: notes.append((kw.get("title"), message))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Hi")
+            await reply_finished(app, 0)
+        return notes
+
+    notes = run(go())
+    assert any(title == "JSON output setting" and "gone.json" in message and "ctrl+s" in message
+               for title, message in notes), notes

@@ -156,6 +156,20 @@ def test_settings_with_errors(snap_compare, chat_home):
     snapshot(snap_compare, app_for_snapshots(), before)
 
 
+def test_settings_json_output(snap_compare, chat_home):
+    """The JSON output field, scrolled into view, holding a schema file's path."""
+    async def before(pilot):
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        field = pilot.app.screen.query_one("#json_output", Input)
+        field.value = "~/schemas/recipe.json"
+        field.focus()
+        field.scroll_visible(animate=False)
+        await pilot.pause()
+        steady(pilot.app)
+    snapshot(snap_compare, app_for_snapshots(), before)
+
+
 def test_help(snap_compare, chat_home):
     snapshot(snap_compare, app_for_snapshots(), keys("f1"))
 

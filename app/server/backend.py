@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import ClassVar
 
-from llamatui.inference import ContextFullError, QueueFullError, SamplingParams
+from llamatui.inference import (ConstraintError, ConstraintSpec, ContextFullError,
+                                QueueFullError, SamplingParams)
 
 from .errors import LOADING as LOADING_MESSAGE
 from .errors import APIError, exceed_context, invalid, unavailable
@@ -162,21 +163,27 @@ class Run:
         return emit
 
     async def start(self, choices: list[tuple[list[int], SamplingParams]], n_probs: int,
-                    cache_prompt: bool) -> None:
-        """Queues one request per choice (prompt ids, params); maps the scheduler's refusals to
-        API errors (an oversized prompt: 400 exceed_context_size_error; a full queue: 503)."""
+                    cache_prompt: bool, constraint: ConstraintSpec | None = None,
+                    constraint_param: str = "response_format") -> None:
+        """Queues one request per choice (prompt ids, params), each with its own grammar state
+        when there is a `constraint`; maps the scheduler's refusals to API errors (an oversized
+        prompt: 400 exceed_context_size_error; a full queue: 503; a schema or grammar that
+        cannot be used: 400 naming `constraint_param` and what is unsupported)."""
         self.backend.runs.add(self)
         sched = self.backend.scheduler
         try:
             for index, (ids, params) in enumerate(choices):
                 req = await self.backend.call(
                     sched.add_request, ids, params, self._poster(index), n_probs=n_probs,
-                    cache_prompt=cache_prompt, truncate=False)
+                    cache_prompt=cache_prompt, truncate=False, constraint=constraint)
                 self.requests.append(req)
                 self._open += 1
         except ContextFullError as e:
             await self.cancel()
             raise exceed_context(e.n_prompt, e.n_ctx) from None
+        except ConstraintError as e:
+            await self.cancel()
+            raise invalid(constraint_param, str(e)) from None
         except QueueFullError as e:
             await self.cancel()
             raise unavailable(f"the server is busy: {e}") from None

@@ -44,7 +44,14 @@ RESPONSES = {
         "type": "object", "required": ["index", "finish_reason", "message"],
         "properties": {"index": _INT, "finish_reason": FINISH, "message": {
             "type": "object", "required": ["role", "content"],
-            "properties": {"role": _STR, "content": _NULLABLE_STR}},
+            "properties": {"role": _STR, "content": _NULLABLE_STR,
+                           "reasoning_content": _STR, "tool_calls": {
+                               "type": "array", "items": {
+                                   "type": "object", "required": ["id", "type", "function"],
+                                   "properties": {"id": _STR, "type": _STR, "function": {
+                                       "type": "object", "required": ["name", "arguments"],
+                                       "properties": {"name": _STR,
+                                                      "arguments": _STR}}}}}}},
             "logprobs": {"type": "object", "nullable": True, "properties": {
                 "content": {"type": "array", "items": TOKEN_LOGPROB}}}}}),
     "Completion": _envelope({

@@ -7,8 +7,13 @@ Fields follow the OpenAI API and llama-server (tools/server/server-common.cpp,
 `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `typical_p`,
 `presence_penalty`, `frequency_penalty`, `repeat_penalty`, `repeat_last_n`, `seed`, `stop`,
 `logit_bias`, `n`, `logprobs`/`top_logprobs`, `stream`, `stream_options.include_usage`,
-`cache_prompt`. Unknown fields are ignored (as vLLM does); `response_format` other than text and
-`tools` are refused with a 400 until structured output exists.
+`cache_prompt`. Unknown fields are ignored (as vLLM does).
+
+Structured output (`constraint_of`): OpenAI's `response_format` (`json_object`, `json_schema`
+with its `schema`; `strict` is always in effect: the grammar allows nothing else) and
+llama-server's `grammar` (GBNF) and `json_schema` fields, on every generating route. Tools
+(`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `role: "tool"`
+messages) and `reasoning_format` on chat completions; tool_calls.py does the rest.
 
 Limits depend on the loaded model and the slots: `n` ≤ the slots (each choice is a request in a
 slot), `max_tokens` ≤ a slot's context, token ids < the vocabulary.
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import APIError, invalid
+from llamatui.inference import ConstraintError, ConstraintSpec
+
+from .errors import invalid
 from .schema import check
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
@@ -45,6 +52,12 @@ class Job:
     include_usage: bool = False
     cache_prompt: bool = True
     extra: dict = field(default_factory=dict)
+    constraint: ConstraintSpec | None = None
+    constraint_param: str = ""  # the field the constraint came from (named in errors)
+    tools: list = field(default_factory=list)
+    tool_choice: str = "auto"  # "auto", "none", "required" or a function's name
+    parallel_tool_calls: bool = False  # llama-server's default
+    reasoning_format: str = "auto"
 
     @property
     def n_choices(self) -> int:
@@ -69,11 +82,43 @@ STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "strin
 TEXT_PART = {"type": "object", "required": ["type", "text"],
              "properties": {"type": {"type": "string", "enum": ["text"]},
                             "text": {"type": "string"}}}
+TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"],
+                 "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
 MESSAGE = {"type": "object", "required": ["role"],
            "properties": {"role": {"type": "string", "enum": ROLES},
                           "content": {"anyOf": [{"type": "string"}, {"type": "null"},
                                                 {"type": "array", "items": TEXT_PART}]},
-                          "name": {"type": "string"}}}
+                          "name": {"type": "string"},
+                          "tool_calls": {"type": ["array", "null"], "items": TOOL_CALL},
+                          "tool_call_id": {"type": "string"},
+                          "reasoning_content": {"type": ["string", "null"]}}}
+TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_.-]{1,64}$"},
+        "description": {"type": "string"},
+        "parameters": {"type": "object"},
+        "strict": {"type": ["boolean", "null"]}}}}}
+TOOL_CHOICE = {"anyOf": [
+    {"type": "string", "enum": ["auto", "none", "required"]},
+    {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"type": "string", "enum": ["function"]},
+        "function": {"type": "object", "required": ["name"],
+                     "properties": {"name": {"type": "string"}}}}},
+    {"type": "null"}]}
+RESPONSE_FORMAT = {"anyOf": [{"type": "null"}, {
+    "type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "schema": {"type": "object"},  # llama-server's json_object with a schema
+        "json_schema": {"type": "object", "properties": {
+            "name": {"type": "string"}, "description": {"type": "string"},
+            "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]}}}}}]}
+# llama-server's own fields, on every generating route
+CONSTRAINT_FIELDS = {"response_format": RESPONSE_FORMAT, "grammar": {"type": ["string", "null"]},
+                     "json_schema": {"type": ["object", "null"]}}
+REASONING_FORMATS = ["auto", "deepseek", "none"]  # llama-server's --reasoning-format values
 
 
 def sampling_schema(limits: Limits) -> dict:
@@ -103,6 +148,7 @@ def sampling_schema(limits: Limits) -> dict:
                            "properties": {"include_usage": {"type": "boolean"}}},
         "cache_prompt": {"type": "boolean"},
         "user": {"type": "string"},
+        **CONSTRAINT_FIELDS,
     }
 
 
@@ -113,8 +159,10 @@ def chat_schema(limits: Limits) -> dict:
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": {"type": ["integer", "null"], "minimum": 0,
                          "maximum": MAX_TOP_LOGPROBS},
-        "response_format": {"type": ["object", "null"]},
-        "tools": {"type": ["array", "null"]},
+        "tools": {"type": ["array", "null"], "items": TOOL},
+        "tool_choice": TOOL_CHOICE,
+        "parallel_tool_calls": {"type": ["boolean", "null"]},
+        "reasoning_format": {"type": ["string", "null"], "enum": [*REASONING_FORMATS, None]},
     })
     return {"type": "object", "required": ["messages"], "properties": props}
 
@@ -130,7 +178,6 @@ def completions_schema(limits: Limits) -> dict:
         "prompt": prompts,
         "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
         "echo": {"type": ["boolean", "null"]},
-        "response_format": {"type": ["object", "null"]},
     })
     return {"type": "object", "required": ["prompt"], "properties": props}
 
@@ -183,7 +230,6 @@ def embeddings_schema(limits: Limits) -> dict:
 
 def chat_job(body, limits: Limits) -> Job:
     body = check(body, chat_schema(limits), "")
-    _refuse_structured_output(body)
     messages = [_flat_message(m) for m in body["messages"]]
     n_probs = 0
     if body.get("logprobs"):
@@ -192,12 +238,25 @@ def chat_job(body, limits: Limits) -> Job:
         raise invalid("top_logprobs", "needs logprobs set to true")
     job = _job([messages], True, body, limits)
     job.n_probs, job.logprobs = n_probs, bool(body.get("logprobs"))
+    job.tools = body.get("tools") or []
+    choice = body.get("tool_choice") or "auto"
+    job.tool_choice = choice if isinstance(choice, str) else choice["function"]["name"]
+    names = [t["function"]["name"] for t in job.tools]
+    if job.tool_choice not in ("auto", "none", "required") and job.tool_choice not in names:
+        raise invalid("tool_choice", f"names function {job.tool_choice!r}, which is not among "
+                                     f"the tools ({', '.join(names) or 'none given'})")
+    if job.tool_choice == "required" and not job.tools:
+        raise invalid("tool_choice", "is 'required' but no tools were given")
+    if job.tools and job.tool_choice != "none" and job.constraint is not None:
+        raise invalid(job.constraint_param, "cannot be combined with tools (llama-server "
+                                            "refuses a grammar with tools too)")
+    job.parallel_tool_calls = bool(body.get("parallel_tool_calls"))
+    job.reasoning_format = body.get("reasoning_format") or "auto"
     return job
 
 
 def completions_job(body, limits: Limits) -> Job:
     body = check(body, completions_schema(limits), "")
-    _refuse_structured_output(body)
     prompt = body["prompt"]
     prompts = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) \
         else [prompt]
@@ -231,9 +290,11 @@ def _job(prompts: list, chat: bool, body: dict, limits: Limits) -> Job:
     options = body.get("stream_options") or {}
     if options and not stream:
         raise invalid("stream_options", "is only allowed when stream is true")
+    constraint, param = constraint_of(body)
     return Job(prompts=prompts, chat=chat, sampling=sampling_options(body, limits), n=n,
                stream=stream, include_usage=bool(options.get("include_usage")),
-               cache_prompt=body.get("cache_prompt", True))
+               cache_prompt=body.get("cache_prompt", True), constraint=constraint,
+               constraint_param=param)
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "presence_penalty",
@@ -263,15 +324,33 @@ def sampling_options(body: dict, limits: Limits) -> dict:
     return out
 
 
-def _refuse_structured_output(body: dict) -> None:
-    fmt = body.get("response_format")
-    if fmt and fmt.get("type", "text") != "text":
-        raise APIError(f"response_format {fmt.get('type')!r} is not supported yet (structured "
-                       "output is a later feature); leave it out or use type 'text'",
-                       param="response_format")
-    if body.get("tools"):
-        raise APIError("tools are not supported yet (tool calling comes with structured "
-                       "output); leave them out", param="tools")
+def constraint_of(body: dict) -> tuple[ConstraintSpec | None, str]:
+    """The constraint a body asks for and the field it came from: `response_format`
+    (json_object, json_schema), or llama-server's `grammar` / `json_schema`; at most one."""
+    given = {}
+    fmt = body.get("response_format") or {}
+    kind = fmt.get("type", "text")
+    if kind == "json_object":
+        schema = fmt.get("schema")
+        given["response_format"] = ("json_schema", schema) if schema else ("json_object", None)
+    elif kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema", fmt.get("schema"))
+        if schema is None:
+            raise invalid("response_format", "of type json_schema needs json_schema.schema")
+        given["response_format"] = ("json_schema", schema)
+    if body.get("grammar"):
+        given["grammar"] = ("gbnf", body["grammar"])
+    if body.get("json_schema") is not None:
+        given["json_schema"] = ("json_schema", body["json_schema"])
+    if len(given) > 1:
+        raise invalid(list(given)[1], f"give one of {', '.join(given)}, not several")
+    if not given:
+        return None, ""
+    param, (kind, source) = next(iter(given.items()))
+    try:
+        return ConstraintSpec(kind, source), param
+    except ConstraintError as e:
+        raise invalid(param, str(e)) from None
 
 
 def _flat_message(message: dict) -> dict:
@@ -280,6 +359,7 @@ def _flat_message(message: dict) -> dict:
     if isinstance(content, list):
         content = "\n".join(part["text"] for part in content)
     out = {"role": message["role"], "content": content or ""}
-    if "name" in message:
-        out["name"] = message["name"]
+    for key in ("name", "tool_call_id", "tool_calls"):
+        if message.get(key):
+            out[key] = message[key]
     return out

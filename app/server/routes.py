@@ -25,6 +25,7 @@ from .errors import APIError, exceed_context, invalid, not_supported
 from .schema import check
 from .shapes import Choice, Shaper
 from .sse import DONE, PING, EventStream, sse, until_disconnect
+from .tool_calls import ReplyStream, ToolPlan, family_of
 
 MAX_BODY = 32 * 1024 * 1024  # bytes; llama-server's httplib payload limit is larger, but a
 # prompt this size is already far beyond any context
@@ -79,14 +80,34 @@ async def native_completion(request: Request) -> Response:
                                                                state.backend.limits), "native")
 
 
-def _prompt_ids(engine, prompt, chat: bool) -> list[int]:
-    """Token ids of a prompt (llama.cpp's way: BOS per the model, special tokens parsed)."""
+def _prompt_ids(engine, prompt, chat: bool, plan: ToolPlan | None = None
+                ) -> tuple[list[int], bool]:
+    """Token ids of a prompt (llama.cpp's way: BOS per the model, special tokens parsed), and
+    whether a chat prompt ends inside an opened <think> block (Qwen 3, DeepSeek R1 templates
+    open it themselves). A chat with a tool plan is rendered the way its family asks."""
     if isinstance(prompt, list) and not chat:
-        return prompt  # already token ids
+        return prompt, False  # already token ids
+    if not chat:
+        return engine.prompt_tokens(prompt), False
+    template_vars = {}
+    if plan is not None:
+        prompt = plan.messages(prompt)
+        if plan.family.native and plan.tools:
+            template_vars["tools"] = plan.tools
     try:
-        return engine.prompt_tokens(prompt)
+        text = engine.apply_chat_template(prompt, **template_vars)
     except ChatTemplateError as e:
         raise invalid("messages", f"the chat template failed on these messages: {e}") from None
+    return engine.prompt_tokens(text), text.rstrip().endswith("<think>")
+
+
+def _tool_plan(engine, job: rq.Job) -> ToolPlan | None:
+    """The tool plan of a chat request: its template's family, the tools, the choice."""
+    if not job.chat:
+        return None
+    template = engine.template
+    return ToolPlan(family_of(template.source, template.builtin is not None), job.tools,
+                    job.tool_choice, job.parallel_tool_calls)
 
 
 async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
@@ -102,26 +123,36 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
         params = choice_params(sampling, job.n)
     except ValueError as e:
         raise APIError(f"invalid sampling options: {e}") from None
-    prompt_ids = [await backend.call(_prompt_ids, engine, p, job.chat) for p in job.prompts]
+    plan = _tool_plan(engine, job)
+    prompts = [await backend.call(_prompt_ids, engine, p, job.chat, plan) for p in job.prompts]
+    constraint, param = job.constraint, job.constraint_param
+    if plan is not None and plan.active:
+        constraint, param = plan.constraint(), "tools"
     run = Run(backend)
-    await run.start([(ids, params[i]) for ids in prompt_ids for i in range(job.n)],
+    await run.start([(ids, params[i]) for ids, _ in prompts for i in range(job.n)],
                     n_probs=max(job.n_probs, 1) if job.logprobs else 0,
-                    cache_prompt=job.cache_prompt)
+                    cache_prompt=job.cache_prompt, constraint=constraint,
+                    constraint_param=param)
     n_top = job.n_probs if job.logprobs else None
     choices = [Choice(i, engine.tokenizer, n_top) for i in range(job.n_choices)]
     shaper = Shaper(kind, state.model_name)
     request.scope["llamatui.choices"] = choices
+    replies = [ReplyStream(plan, job.reasoning_format != "none", prompts[i // job.n][1])
+               for i in range(job.n_choices)] if job.chat else None
     if job.stream:
         writers = {"chat": _chat_stream, "completions": _completions_stream,
                    "native": _native_stream}
-        chunks = _pings_once_begun(writers[kind](run, job, choices, shaper,
-                                                 _settings(sampling), state.config.ping_interval))
+        chunks = _pings_once_begun(writers[kind](run, job, choices, shaper, _settings(sampling),
+                                                 state.config.ping_interval, replies))
         return EventStream(chunks, run.cancel, state.config.timeout)
     done = await until_disconnect(request, _collect(run, choices))
     if done is None:
         return Response(status_code=499)  # nobody is listening (nginx's "client closed")
     if kind == "chat":
-        return JSONResponse(shaper.chat(choices, job.n))
+        for reply, c in zip(replies, choices):
+            reply.feed(c.text)
+            reply.finish()
+        return JSONResponse(shaper.chat(choices, job.n, [r.message() for r in replies]))
     if kind == "completions":
         return JSONResponse(shaper.completion(choices, job.n))
     return JSONResponse(shaper.native_final(choices[0], choices[0].text, _settings(sampling)))
@@ -168,15 +199,18 @@ async def _pings_once_begun(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes
         await chunks.aclose()
 
 
-async def _chat_stream(run, job, choices, shaper, settings, ping) -> AsyncIterator[bytes]:
+async def _chat_stream(run, job, choices, shaper, settings, ping, replies
+                       ) -> AsyncIterator[bytes]:
     """llama-server's chat chunks: the role, the content pieces (with their log-probabilities),
-    the finish reason; the usage when asked; `[DONE]`."""
+    `reasoning_content` pieces, `tool_calls` deltas (a call's index, id, type and name first,
+    then its arguments in fragments), the finish reason (`tool_calls` after calls); the usage
+    when asked; `[DONE]`."""
     roled = set()
     async for index, event in run.events(ping):
         if event is None:
             yield PING
             continue
-        c = choices[index]
+        c, reply = choices[index], replies[index]
         entry = c.add(event)
         if event.kind == "prompt":
             continue
@@ -185,17 +219,24 @@ async def _chat_stream(run, job, choices, shaper, settings, ping) -> AsyncIterat
         if index not in roled:
             roled.add(index)
             yield sse(shaper.chat_chunk(index, {"role": "assistant", "content": None}))
-        if event.text or entry is not None:
-            yield sse(shaper.chat_chunk(index, {"content": event.text},
-                                        logprobs=[entry] if entry is not None else None))
+        deltas = reply.feed(event.text) if event.text else []
         if event.kind == "done":
-            yield sse(shaper.chat_chunk(index, {}, c.oai_finish_reason, timings=c.timings()))
+            deltas += reply.finish()
+        if entry is not None and not deltas:
+            deltas = [{}]
+        for i, delta in enumerate(deltas):
+            yield sse(shaper.chat_chunk(index, delta, logprobs=[entry] if entry is not None
+                                        and i == 0 else None))
+        if event.kind == "done":
+            finish = "tool_calls" if reply.calls else c.oai_finish_reason
+            yield sse(shaper.chat_chunk(index, {}, finish, timings=c.timings()))
     if job.include_usage:
         yield sse(shaper.usage_chunk(choices, job.n, "chat.completion.chunk"))
     yield DONE
 
 
-async def _completions_stream(run, job, choices, shaper, settings, ping) -> AsyncIterator[bytes]:
+async def _completions_stream(run, job, choices, shaper, settings, ping, replies
+                              ) -> AsyncIterator[bytes]:
     async for index, event in run.events(ping):
         if event is None:
             yield PING
@@ -215,7 +256,8 @@ async def _completions_stream(run, job, choices, shaper, settings, ping) -> Asyn
     yield DONE
 
 
-async def _native_stream(run, job, choices, shaper, settings, ping) -> AsyncIterator[bytes]:
+async def _native_stream(run, job, choices, shaper, settings, ping, replies
+                         ) -> AsyncIterator[bytes]:
     """/completion's stream: a partial per token, a final object with stop: true, no [DONE]."""
     c = choices[0]
     async for _, event in run.events(ping):

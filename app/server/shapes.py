@@ -109,11 +109,13 @@ class Shaper:
 
     # chat
 
-    def chat(self, choices: list[Choice], n: int) -> dict:
+    def chat(self, choices: list[Choice], n: int, messages: list[dict]) -> dict:
+        """messages: each choice's message (content, and tool_calls / reasoning_content when the
+        reply had them: tool_calls.ReplyStream.message)."""
         out = []
-        for c in choices:
-            item = {"finish_reason": c.oai_finish_reason, "index": c.index,
-                    "message": {"role": "assistant", "content": c.text}}
+        for c, message in zip(choices, messages):
+            finish = "tool_calls" if message.get("tool_calls") else c.oai_finish_reason
+            item = {"finish_reason": finish, "index": c.index, "message": message}
             if c.n_top is not None:
                 item["logprobs"] = {"content": c.logprobs}
             out.append(item)
