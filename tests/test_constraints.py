@@ -289,6 +289,13 @@ def _check_schemas(engine, entries, **kw):
         pytest.fail("\n".join(failures))
 
 
+# Greedy Gemma 3 270M runs away where a schema leaves room: a time's fraction digits without end
+# (llama.cpp's former default repeat penalty 1.1 stops that) and, whatever the penalty, keys
+# "a".."z" and on in the open object of "allOf merging objects" until max_tokens: left out here
+# (SmolLM2 passes it), a known miss of the structured-output issue.
+GEMMA3_SCHEMAS = [e for e in SCHEMAS if e["name"] != "allOf merging objects"]
+
+
 def _check_grammars(engine, max_tokens=96):
     failures = []
     for name, (question, pattern) in GRAMMARS.items():
@@ -304,10 +311,8 @@ def test_every_schema_validates_on_smollm2(smollm2):
     _check_schemas(smollm2, SCHEMAS)
 
 
-def test_schemas_validate_on_gemma3(gemma3):
-    """A quarter of the schemas, and every one with a feature llama.cpp's converter skips."""
-    subset = [e for i, e in enumerate(SCHEMAS) if i % 4 == 0 or e.get("llama_cpp_skips")]
-    _check_schemas(gemma3, subset)
+def test_every_schema_validates_on_gemma3(gemma3):
+    _check_schemas(gemma3, GEMMA3_SCHEMAS, repeat_penalty=1.1)
 
 
 def test_sampled_output_validates_too(smollm2):
