@@ -327,6 +327,9 @@ class _Worker:
                 raise TemplateFailure("time", f"chat template ran for more than "
                                               f"{TIME_LIMIT_S:g} s (an endless loop?) and was "
                                               "stopped") from None
+            except BaseException:  # interrupted mid-request (Ctrl+C, an exception raised in this
+                self._stop()  # thread): the worker may still be busy with it, so it goes
+                raise
             if reply is None:
                 code = self._replace()
                 raise TemplateFailure("worker", "the chat template process ended unexpectedly "

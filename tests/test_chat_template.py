@@ -1,10 +1,12 @@
 """Chat templates: llama.cpp's prompts for both starter models and its built-in templates, the
 sandbox and its limits, HF's helpers, the --chat-template flag."""
+import ctypes
 import datetime
 import json
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -411,6 +413,31 @@ def test_a_render_after_a_stopped_one_works():
         endless.render(USER)
     assert time.perf_counter() - start < 2.0
     assert ChatTemplate("{{ messages[0].content }}!").render(USER) == "Hi!"
+
+
+def test_a_render_interrupted_in_its_thread_leaves_no_busy_worker():
+    """Ctrl+C (or any exception) in a thread waiting on an endless render: the worker still
+    looping on it is stopped, so the next render answers at once instead of timing out."""
+    endless = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}"
+                           "{% endfor %}{% endfor %}")
+    outcome = []
+
+    def render():
+        try:
+            endless.render(USER)
+        except BaseException as e:  # noqa: BLE001 - the injected KeyboardInterrupt
+            outcome.append(type(e))
+
+    thread = threading.Thread(target=render)
+    thread.start()
+    time.sleep(0.3)  # inside the render
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                              ctypes.py_object(KeyboardInterrupt))
+    thread.join(5)
+    assert outcome == [KeyboardInterrupt]
+    start = time.perf_counter()
+    assert ChatTemplate("{{ messages[0].content }}!").render(USER) == "Hi!"
+    assert time.perf_counter() - start < 0.9  # not the endless render's 1 s timeout
 
 
 def test_template_variables_must_be_json_values():
