@@ -306,6 +306,14 @@ def run_checks(extra_env: dict[str, str], names=(), timeout: float = 1800):
 _simulated = None
 
 
+def assert_passed(proc, results, name):
+    """A test's verdict on check `name` from run_checks' (process, records)."""
+    record = results.get(name)
+    assert record is not None, (f"check {name} did not report (exit {proc.returncode}):\n"
+                                f"{proc.stderr[-4000:]}")
+    assert record["ok"], record["error"]
+
+
 def simulated_results():
     """Every check under the simulator, run once per pytest session (the kernel and the backend
     tests share the one child process)."""

@@ -11,16 +11,9 @@ import cuda_backend_checks
 import cuda_checks
 
 
-def _assert_passed(proc, results, name):
-    record = results.get(name)
-    assert record is not None, (f"check {name} did not report (exit {proc.returncode}):\n"
-                                f"{proc.stderr[-4000:]}")
-    assert record["ok"], record["error"]
-
-
 @pytest.mark.parametrize("name", cuda_backend_checks.BACKEND_CHECK_NAMES)
 def test_backend_under_the_simulator(name):
-    _assert_passed(*cuda_checks.simulated_results(), name)
+    cuda_checks.assert_passed(*cuda_checks.simulated_results(), name)
 
 
 @pytest.mark.gpu
@@ -33,4 +26,4 @@ def test_backend_on_the_gpu():
              if n not in cuda_backend_checks.SIMULATOR_ONLY]
     proc, results = cuda_checks.run_checks({"NUMBA_ENABLE_CUDASIM": "0"}, names)
     for name in names:
-        _assert_passed(proc, results, name)
+        cuda_checks.assert_passed(proc, results, name)

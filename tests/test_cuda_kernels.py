@@ -13,16 +13,9 @@ import pytest
 import cuda_checks
 
 
-def _assert_passed(proc, results, name):
-    record = results.get(name)
-    assert record is not None, (f"check {name} did not report (exit {proc.returncode}):\n"
-                                f"{proc.stderr[-4000:]}")
-    assert record["ok"], record["error"]
-
-
 @pytest.mark.parametrize("name", cuda_checks.CHECK_NAMES)
 def test_kernel_under_the_simulator(name):
-    _assert_passed(*cuda_checks.simulated_results(), name)
+    cuda_checks.assert_passed(*cuda_checks.simulated_results(), name)
 
 
 @pytest.mark.gpu
@@ -34,7 +27,7 @@ def test_kernels_on_the_gpu():
     proc, results = cuda_checks.run_checks({"NUMBA_ENABLE_CUDASIM": "0"},
                                            cuda_checks.CHECK_NAMES)
     for name in cuda_checks.CHECK_NAMES:
-        _assert_passed(proc, results, name)
+        cuda_checks.assert_passed(proc, results, name)
 
 
 # ----------------------------------------------------------------------------- launcher checks
