@@ -13,10 +13,13 @@ Three paths (kernels in `matmul_kernels`, written with the 16-lane vectors of `m
 
 - decode, n_tokens <= DECODE_MAX_TOKENS (one token: the chat path): one fused numba kernel per
   type, parallel over output rows (`prange`, numba's thread count), streaming each weight row
-  once per token: a block is unpacked into float32 registers and multiplied into the
-  activations with FMAs; scales are applied once per (sub-)block and min terms folded into
-  precomputed sums of x. Activations stay float32 (ggml quantizes them to 8 bits), so results
-  differ from a float64 product with the dequantized weights by float32 rounding only. Matrices
+  once per token. For Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K (rows a multiple of 64 values) the
+  activations are quantized to 8 bits first and the blocks' bytes multiplied into them with
+  integer dot products (`matmul_int8`, as ggml's vec_dot_*_q8_0 / _q8_K: 1.1-3.3x the float32
+  kernels, the results off by the activations' rounding as llama.cpp's are: see `int8_decode`
+  for when they are used); the other formats
+  unpack a block into float32 registers and multiply it in with FMAs, scales applied once per
+  (sub-)block and min terms folded into precomputed sums of x (float32 rounding only). Matrices
   under PARALLEL_MIN_BYTES run on the calling thread alone: waking the other threads costs more
   than it saves.
 - batch decode, n_tokens <= BATCH_DECODE_MAX_TOKENS (a scheduler step: one token of each of
@@ -47,16 +50,18 @@ expert (as ggml's CPU mul_mat_id groups a batch's rows by expert).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
 import numpy as np
 
+from . import matmul_int8
 from .catalog import GGML_TYPES
 from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
-from .matmul_simd import HAS_AVX512_BF16
+from .matmul_simd import HAS_AVX512_BF16, HAS_INT8_DOT
 
-__all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types",
+__all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types", "int8_decode",
            "DECODE_MAX_TOKENS", "BATCH_DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES",
            "PARALLEL_MIN_FLOPS", "PARALLEL_MIN_VALUES"]
 
@@ -82,6 +87,39 @@ _scratch = threading.local()
 # mantissa, the same order of error as ggml's 8-bit quantized activations. LLAMATUI_BF16=0 keeps
 # prompts in float32.
 USE_BF16 = HAS_AVX512_BF16 and os.environ.get("LLAMATUI_BF16", "1") != "0"
+# Decode products quantize the activations to 8 bits and multiply them with integer dot products
+# (matmul_int8: vpdpbusd), as ggml does, for the formats that have such a kernel, where the CPU
+# has AVX512-VNNI or AVX-VNNI; LLAMATUI_INT8=0 keeps them float32.
+USE_INT8 = HAS_INT8_DOT and os.environ.get("LLAMATUI_INT8", "1") != "0"
+
+
+_precision = threading.local()
+
+
+@contextlib.contextmanager
+def int8_decode(enabled: bool):
+    """Whether this thread's one-token products may use the 8-bit kernels (default: yes, where
+    USE_INT8).
+
+    Why a switch: rounding activations to 8 bits is discontinuous, so a token computed by the
+    8-bit kernel in one run and inside a float32 batch in another (its prompt cached or not, other
+    requests sharing the step or not) ends up with different logits, not just float32 rounding
+    apart, and a seed no longer gives the same text. The scheduler therefore uses them only with
+    one slot, where it gives every sampled token a step of its own (see Scheduler.schedule); with
+    several slots, whose steps mix requests, every product stays float32."""
+    before = getattr(_precision, "int8", True)
+    _precision.int8 = bool(enabled)
+    try:
+        yield
+    finally:
+        _precision.int8 = before
+
+
+def _int8_kernels(type_name: str, k: int) -> matmul_int8.Int8Kernels | None:
+    """The 8-bit decode kernels for rows of k values of `type_name`, if they apply."""
+    if USE_INT8 and getattr(_precision, "int8", True) and k % matmul_int8.UNIT == 0:
+        return matmul_int8.KERNELS.get(type_name)
+    return None
 
 
 def supported_matmul_types() -> tuple[str, ...]:
@@ -196,7 +234,8 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     elif type_name == "F32":
         _gemm(x, w.view(np.float32), out, 0)
     elif n <= DECODE_MAX_TOKENS and k % 32 == 0:
-        KERNELS[type_name].matvec(w, x, out, w.nbytes < PARALLEL_MIN_BYTES)
+        (_int8_kernels(type_name, k) or KERNELS[type_name]).matvec(w, x, out,
+                                                                   w.nbytes < PARALLEL_MIN_BYTES)
     elif batch:
         _batch_decode(type_name, w, x, out)
     elif USE_BF16 and k % 32 == 0:
@@ -253,8 +292,9 @@ def matmul_id(type_name: str, experts: np.ndarray, x: np.ndarray, ids) -> np.nda
     pairs = np.flatnonzero(counts[flat] <= few)
     if pairs.size:
         fused = out if pairs.size == flat.size else np.empty((pairs.size, n_out), np.float32)
-        KERNELS[type_name].matvec_id(w, x, flat[pairs], x_rows[pairs], fused,
-                                       pairs.size * n_out * row_bytes < PARALLEL_MIN_BYTES)
+        kernels = _int8_kernels(type_name, k) or KERNELS[type_name]
+        kernels.matvec_id(w, x, flat[pairs], x_rows[pairs], fused,
+                          pairs.size * n_out * row_bytes < PARALLEL_MIN_BYTES)
         if fused is not out:
             out[pairs] = fused
     if pairs.size < flat.size:  # the rest: one product per expert, its tokens gathered

@@ -538,3 +538,171 @@ def vstore_bf16(typingctx, arr, idx, v):
         builder.store(builder.fptrunc(args[2], vh), builder.bitcast(p, vh.as_pointer()), align=2)
         return context.get_dummy_value()
     return types.void(arr, types.intp, f32x16), cg
+
+
+# ------------------------------------------------------------------ 8-bit integer dot products
+# An I32x16 also carries 64 bytes (4 to a lane): the 8-bit decode kernels (`matmul_int8`) unpack
+# weights into bytes with the int32 operations above (masks like 0x0F0F0F0F act on every byte)
+# and multiply them into 8-bit activations with `vdpbusd`, 64 products per instruction: vpdpbusd,
+# as ggml's x86 dot products, from AVX512-VNNI (one zmm) or AVX-VNNI (two ymm halves). Without
+# either, LLVM's generic lowering (vpmaddwd on 16-bit products) is slower than the float32
+# kernels, so matmul uses the 8-bit kernels only where HAS_INT8_DOT.
+
+VNNI = "avx512vnni" if host_has("avx512vnni") else "avxvnni" if host_has("avxvnni") else None
+HAS_INT8_DOT = VNNI is not None
+_VB64 = ir.VectorType(_i8, 4 * LANES)
+_VB32 = ir.VectorType(_i8, 2 * LANES)
+
+
+def _concat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
+
+
+@intrinsic
+def vbytes(typingctx, arr, idx):
+    """the 64 bytes at arr.flat[idx] of a uint8 array, 4 to a lane"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        return _load(context, builder, sig.args[0], args[0], args[1], _VI, 1)
+    return i32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vbytes2(typingctx, arr, i0, i1):
+    """the 32 bytes at arr.flat[i0], then the 32 at arr.flat[i1] (uint8 array)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        a, b = (_load(context, builder, sig.args[0], args[0], i, _VB32, 1) for i in args[1:])
+        return builder.bitcast(_concat(builder, a, b), _VI)
+    return i32x16(arr, types.intp, types.intp), cg
+
+
+@intrinsic
+def vnibbles2(typingctx, arr, i0, i1):
+    """the nibbles of the 16 bytes at arr.flat[i0] and of the 16 at arr.flat[i1] as 64 bytes
+    0..15: low nibbles of i0's, high nibbles of i0's, low of i1's, high of i1's (a legacy 4-bit
+    block keeps values 0..15 in the low nibbles, 16..31 in the high ones)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        a, b = (_load(context, builder, sig.args[0], args[0], i, ir.VectorType(_i8, 16), 1)
+                for i in args[1:])
+        ab = _concat(builder, a, b)
+        lo = builder.and_(ab, ir.Constant(_VB32, [15] * 32))
+        hi = builder.lshr(ab, ir.Constant(_VB32, [4] * 32))
+        order = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+        return builder.bitcast(builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 64), order)), _VI)
+    return i32x16(arr, types.intp, types.intp), cg
+
+
+@intrinsic
+def vbits2(typingctx, arr, i0, i1):
+    """the 32 bits of the little-endian word at arr.flat[i0], then of the one at i1, as 64 bytes
+    of 16 (bit set) or 0: a Q5 block's fifth bits, ready to be or-ed onto its nibbles"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        bits = ir.VectorType(ir.IntType(1), 32)
+        halves = []
+        for i in args[1:]:
+            word = _load(context, builder, sig.args[0], args[0], i, _i32, 1)
+            halves.append(builder.select(builder.bitcast(word, bits), ir.Constant(_VB32, [16] * 32),
+                                         ir.Constant(_VB32, [0] * 32)))
+        return builder.bitcast(_concat(builder, *halves), _VI)
+    return i32x16(arr, types.intp, types.intp), cg
+
+
+@intrinsic
+def vdpbusd(typingctx, acc, u, s):
+    """acc + the sums of 4 products u.byte[4i + j] * s.byte[4i + j] in lane i, u's bytes unsigned
+    and s's signed (vpdpbusd, exact: no saturation)"""
+    def cg(context, builder, sig, args):
+        acc, u, s = args
+        if VNNI == "avx512vnni":
+            fnty = ir.FunctionType(_VI, [_VI, _VB64, _VB64])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+            return builder.call(fn, [acc, builder.bitcast(u, _VB64), builder.bitcast(s, _VB64)])
+        if VNNI == "avxvnni":  # the same intrinsic on 256 bits is AVX-VNNI's {vex} vpdpbusd
+            v8, b32 = ir.VectorType(_i32, 8), ir.VectorType(_i8, 32)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, b32, b32]),
+                                                "llvm.x86.avx512.vpdpbusd.256")
+            halves = []
+            for h in range(2):
+                lanes = ir.Constant(ir.VectorType(_i32, 8), list(range(8 * h, 8 * h + 8)))
+                part = [builder.shuffle_vector(v, v, lanes) for v in (acc, u, s)]
+                halves.append(builder.call(fn, [part[0], builder.bitcast(part[1], b32),
+                                                builder.bitcast(part[2], b32)]))
+            return _concat(builder, *halves)
+        wide = ir.VectorType(_i32, 4 * LANES)
+        p = builder.mul(builder.zext(builder.bitcast(u, _VB64), wide),
+                        builder.sext(builder.bitcast(s, _VB64), wide))
+        for j in range(4):
+            acc = builder.add(acc, builder.shuffle_vector(
+                p, p, ir.Constant(_VI, [4 * i + j for i in range(LANES)])))
+        return acc
+    return i32x16(i32x16, i32x16, i32x16), cg
+
+
+@intrinsic
+def vi8x4(typingctx, arr, idx):
+    """the 4 bytes at arr.flat[idx] read as int8, lane i = byte i // 4 (sign-extended)"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        v = builder.sext(_load(context, builder, sig.args[0], args[0], args[1],
+                               ir.VectorType(_i8, 4), 1), ir.VectorType(_i32, 4))
+        return builder.shuffle_vector(v, v, ir.Constant(_VI, [i // 4 for i in range(LANES)]))
+    return i32x16(arr, types.intp), cg
+
+
+@intrinsic
+def vbyte_pairs(typingctx, word):
+    """lane i = byte i // 2 of a 64-bit word (unsigned)"""
+    def cg(context, builder, sig, args):
+        v = builder.zext(builder.bitcast(args[0], ir.VectorType(_i8, 8)), ir.VectorType(_i32, 8))
+        return builder.shuffle_vector(v, v, ir.Constant(_VI, [i // 2 for i in range(LANES)]))
+    return i32x16(types.int64), cg
+
+
+def _pair8(builder, a, b, vty):
+    two = ir.VectorType(vty.element, 2)
+    v = builder.insert_element(ir.Constant(two, ir.Undefined), a, ir.Constant(_i32, 0))
+    v = builder.insert_element(v, b, ir.Constant(_i32, 1))
+    return builder.shuffle_vector(v, v, ir.Constant(_VI, [i // 8 for i in range(LANES)]))
+
+
+@intrinsic
+def vpair8(typingctx, a, b):
+    """lanes 0-7 = a, lanes 8-15 = b (float32)"""
+    def cg(context, builder, sig, args):
+        return _pair8(builder, args[0], args[1], _VF)
+    return f32x16(types.float32, types.float32), cg
+
+
+@intrinsic
+def vipair8(typingctx, a, b):
+    """lanes 0-7 = a, lanes 8-15 = b (truncated to int32)"""
+    def cg(context, builder, sig, args):
+        return _pair8(builder, builder.trunc(args[0], _i32), builder.trunc(args[1], _i32), _VI)
+    return i32x16(types.intp, types.intp), cg
+
+
+@intrinsic
+def vizero(typingctx):
+    def cg(context, builder, sig, args):
+        return ir.Constant(_VI, [0] * LANES)
+    return i32x16(), cg
+
+
+vloadi = _vector_loader(types.int32, _VI, 4, i32x16, "arr.flat[idx : idx + 16] of an int32 array")
+viadd = _ibinary("add", "a + b")
+vimul = _ibinary("mul", "a * b (low 32 bits)")
+vixor = _ibinary("xor", "a ^ b")

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .constraint import Constraint, ConstraintError, ConstraintSpec
+from .matmul import int8_decode
 from .model import Batch
 from .sampling import Sampler, SamplingParams, StopStringMatcher
 
@@ -328,7 +329,8 @@ class Scheduler:
             return
         t0 = time.perf_counter()
         try:
-            logits = self.model.decode(batch)
+            with int8_decode(len(self.slots) == 1):
+                logits = self.model.decode(batch)
         except Exception as e:  # noqa: BLE001 - every request in the batch ends with the error
             with self._lock:
                 for slot in self._slots_in(batch):
@@ -425,7 +427,12 @@ class Scheduler:
             if slot.state != SlotState.PROMPT:
                 continue
             prompt = slot.request.prompt
-            n = min(len(prompt) - slot.prompt_pos, self.n_batch - len(tokens))
+            # One slot: the last prompt token gets a step of its own, the one-token step every
+            # sampled token gets (int8_decode), so its logits do not depend on how much of the
+            # prompt was cached: a seed gives the same text.
+            end = len(prompt) - 1 if len(self.slots) == 1 and slot.prompt_pos < len(prompt) - 1 \
+                else len(prompt)
+            n = min(end - slot.prompt_pos, self.n_batch - len(tokens))
             for i in range(slot.prompt_pos, slot.prompt_pos + n):
                 add(slot, prompt[i], i == len(prompt) - 1)
             slot.prompt_pos += max(n, 0)

@@ -75,7 +75,7 @@ def router_margins(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("name,type_name", MODELS)
-def test_logits_match_llama_cpp(name, type_name, model_dir, float32_prompts, router_margins):
+def test_logits_match_llama_cpp(name, type_name, model_dir, float32_products, router_margins):
     ref = GOLDEN["models"][f"{name}/{type_name}"]
     path = write_model(name, type_name, model_dir)
     assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
@@ -142,7 +142,7 @@ def test_encoder_embeds_texts_like_llama_cpp(family, model_dir):
 
 
 @pytest.mark.parametrize("name", sorted(set(CASES) - set(ENCODERS)))
-def test_decoding_token_by_token_matches_the_batch(name, model_dir, float32_prompts):
+def test_decoding_token_by_token_matches_the_batch(name, model_dir, float32_products):
     """The decode path of each family (single-token kernels, the cache, the sliding windows at
     positions past them) gives the logits the batch gave, to float32 rounding."""
     model = Model.load(write_model(name, "F16", model_dir), n_ctx=CASES[name].n_ctx)

@@ -206,7 +206,7 @@ def _close(a, b, rel=2e-3):
     return np.abs(a - b).max() <= rel * max(1.0, np.abs(b).max())
 
 
-@pytest.mark.usefixtures("float32_prompts")
+@pytest.mark.usefixtures("float32_products")
 def test_sequences_share_one_cache(smollm2_seq, golden_smollm2):
     model = smollm2_seq
     a = golden_smollm2["greedy"][0]["prompt_ids"]
@@ -254,7 +254,7 @@ def shift_case(request):
     return model, ids, run["tokens"][12]
 
 
-@pytest.mark.usefixtures("float32_prompts")
+@pytest.mark.usefixtures("float32_products")
 @pytest.mark.parametrize("offset, delta", [(0, 37), (60, -60)])
 def test_shifted_sequence_equals_evaluation_at_the_new_positions(shift_case, offset, delta):
     """RoPE attention only sees position differences, so a whole sequence moved by `delta`
@@ -298,7 +298,7 @@ def test_context_shift_continues_sanely(shift_case):
     assert kl < 1.0
 
 
-@pytest.mark.usefixtures("float32_prompts")
+@pytest.mark.usefixtures("float32_products")
 def test_sliding_window_masks_incrementally_like_in_a_batch(gemma3_path, golden_gemma3):
     ids = golden_gemma3["greedy"][6]["prompt_ids"][:18]
     with GGUFFile.open(gemma3_path) as f:

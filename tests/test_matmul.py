@@ -22,8 +22,9 @@ TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 N_TOKENS = (1, 2, 7, 64)  # 1: decode kernel; 2, 7: batch decode kernel; 64: tiles + numba GEMM
 RTOL = 1e-4  # of sum_k |x_k * w_k|: float32 accumulation error only
 
-# float32 products here; the bfloat16 prompt path has its own test below
-pytestmark = pytest.mark.usefixtures("float32_prompts")
+# float32 products here; the bfloat16 prompt path has its own test below, the 8-bit decode
+# kernels test_matmul_int8.py
+pytestmark = pytest.mark.usefixtures("float32_products")
 
 # (model fixture, tensor, rows to use) for the types the starter models contain
 MODEL_TENSORS = [

@@ -16,7 +16,7 @@ from llamatui.inference.model import Batch, Model
 from llamatui.quantizer.rows import quantize
 from synthetic_models import TOKENS, write_model
 
-pytestmark = pytest.mark.usefixtures("float32_prompts")
+pytestmark = pytest.mark.usefixtures("float32_products")
 
 N_EXPERT, N_OUT, N_IN = 6, 40, 512
 RTOL = 1e-4  # of sum_k |x_k * w_k|: float32 accumulation error only

@@ -37,7 +37,7 @@ def _tokens(events):
     return [e for e in events if e.kind == "token"]
 
 
-def test_batched_slots_give_what_each_gives_alone(engine, float32_prompts):
+def test_batched_slots_give_what_each_gives_alone(engine, float32_products):
     prompts = [engine.tokenize(t) for t in ("The capital of France is", "1, 2, 3, 4,",
                                             "def fibonacci(n):", "Roses are red,")]
     alone = [_tokens(_run(engine.scheduler, [p], n_probs=2, temperature=0, max_tokens=12)[1][0])

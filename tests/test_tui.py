@@ -761,6 +761,7 @@ def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model):
             await engine_ready(app)
             chat = app.chat
             await type_and_send(pilot, "Hello")
+            await wait_for(lambda: chat.reply is not None, 10, "the reply to start")
             await pilot.pause(0.3)
             assert chat.reply is not None and chat.reply.last_event is None  # rendering
             await pilot.press("escape")
@@ -770,6 +771,7 @@ def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model):
             assert [w.role for w in chat.query(ChatMessage)] == ["user"]
             # the chat still takes messages; quit while the next one's template renders
             assert await chat.send("Hello again")
+            await wait_for(lambda: chat.reply is not None, 10, "the next reply to start")
             await pilot.pause(0.3)
             assert chat.reply is not None and chat.reply.last_event is None
             t0 = time.monotonic()
