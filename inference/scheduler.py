@@ -25,6 +25,11 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   grammar) samples only what the grammar allows; tokens the grammar forces are appended to the
   slot's next batch together with the sampled one (decoded at once, not one step each), and the
   request ends ("eog") as soon as the grammar is complete.
+- Precision: with one slot, one-token steps use the 8-bit decode kernels (matmul.int8_decode) and
+  a prompt's last token gets such a step of its own, so the logits it samples from do not depend
+  on how much of the prompt was cached (a seed gives the same text; the price is one decode step
+  more per prompt). With several slots, whose steps mix requests, products stay float32, so a
+  request's text does not depend on what else runs.
 
 Who steps: a server runs `serve_forever` in one engine thread; `Engine.generate` drives steps
 from its caller's thread when no such loop runs (`step_if_free`). Decoding runs in numba's nogil
