@@ -25,6 +25,13 @@ standing for the whole EOG set.
 Sampling keeps llama.cpp's trick (`common_sampler_sample`): the token the unconstrained chain
 draws is checked first, and only when the grammar rejects it is the full mask computed, applied
 (a numba kernel) and the chain run again. EOG is allowed exactly when the grammar accepts.
+
+JSON numbers are capped as llama.cpp's schema converter caps them (`[1-9][0-9]{0,15}`,
+`[0-9]{1,16}`): at most MAX_NUMBER_DIGITS digits in a row outside strings, so a small model that
+would repeat a digit forever ("-129.5674844444…") has to end the number. llguidance's JSON
+compiler has no such bound, so `Constraint` keeps a JSON lexer's state (inside a string or not,
+digits in a row) over what was committed and, at the cap, removes the tokens that would add a
+digit before sampling.
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 MAX_FORCED = 64  # forced tokens appended in one step; the rest follow at the next one
+MAX_NUMBER_DIGITS = 16  # digits in a row in a JSON number part (integral, fraction, exponent)
 
 
 class ConstraintError(ValueError):
@@ -181,6 +189,11 @@ class ConstraintVocab:
             (eog[0] if eog else None)
         special = sorted(set(special) | set(eog))
         self.n_vocab = n_vocab
+        self.pieces = tokens
+        # ASCII digits each token starts with (the JSON number cap's unit)
+        self.lead_digits = np.array([len(t) - len(t.lstrip(b"0123456789")) for t in tokens],
+                                    dtype=np.int64)
+        self.max_lead_digits = int(self.lead_digits.max(initial=0))
         self.eog_ids = np.array(eog, dtype=np.int64)
         self.ll = llg.LLTokenizer(_TokenizerWrapper(tokenizer, tokens, eos, special))
         # without an EOG token llguidance adds an empty one past the vocabulary
@@ -247,6 +260,7 @@ class Constraint:
         self.n_tokens = self.n_forced = self.n_masks = 0
         self.seconds = 0.0
         self._ff_known_empty = False
+        self._json = _JsonDigits() if spec.kind in ("json_schema", "json_object") else None
 
     @classmethod
     def build(cls, tokenizer, n_vocab: int | None, spec: ConstraintSpec) -> Constraint:
@@ -285,6 +299,7 @@ class Constraint:
     def sample(self, sampler, logits: np.ndarray) -> int:
         """llama.cpp's grammar-checked sampling: the chain's own choice when the grammar allows
         it, else the chain again over the logits the mask leaves."""
+        logits = self._capped(logits)
         token = sampler.sample(logits)
         t0 = time.perf_counter()
         try:
@@ -294,6 +309,16 @@ class Constraint:
             return sampler.sample(self.masked(logits))
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def _capped(self, logits: np.ndarray) -> np.ndarray:
+        """The logits without the tokens that would make a JSON number longer than the cap."""
+        run = self._json.run if self._json else 0
+        if run + self.vocab.max_lead_digits <= MAX_NUMBER_DIGITS:
+            return logits
+        lead = self.vocab.lead_digits
+        row = np.array(logits, dtype=np.float32)
+        row[:lead.size][(lead > 0) & (run + lead > MAX_NUMBER_DIGITS)] = -np.inf
+        return row
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every token the grammar rejects at -inf (a buffer reused per call)."""
@@ -322,6 +347,7 @@ class Constraint:
             if not self._matcher.consume_token(token):
                 self._check()
                 raise ConstraintError(f"token {token} does not fit the {self.spec.kind}")
+            self._lex([token])
             return self._take_forced()
         finally:
             self.seconds += time.perf_counter() - t0
@@ -347,11 +373,41 @@ class Constraint:
             self._check()
         self.n_tokens += len(forced)
         self.n_forced += len(forced)
+        self._lex(forced)
         return forced
+
+    def _lex(self, tokens: list[int]) -> None:
+        if self._json:
+            for t in tokens:
+                self._json.feed(self.vocab.pieces[t])
 
     def _check(self) -> None:
         if self._matcher.is_error():
             raise ConstraintError(_describe(self.spec, self._matcher.get_error()))
+
+
+class _JsonDigits:
+    """Just enough of a JSON lexer for the number cap: inside a string or not, and how many
+    digits in a row end the output."""
+
+    def __init__(self):
+        self.in_string = self.escaped = False
+        self.run = 0
+
+    def feed(self, data: bytes) -> None:
+        for b in data:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif b == 0x5C:  # backslash
+                    self.escaped = True
+                elif b == 0x22:  # quote
+                    self.in_string = False
+            elif 0x30 <= b <= 0x39:
+                self.run += 1
+            else:
+                self.run = 0
+                self.in_string = b == 0x22
 
 
 def _describe(spec: ConstraintSpec, message: str) -> str:
