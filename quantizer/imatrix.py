@@ -192,13 +192,15 @@ class Imatrix:
 
 class ImatrixCollector(CPUBackend):
     """A CPU backend that records, for every block weight it multiplies, the sum of squared
-    activations per input column and the number of activation rows."""
+    activations per input column and the number of activation rows; for a stack of experts
+    (ffn_*_exps), per expert: the rows routed to it (llama-imatrix's collect_imatrix, whose
+    MUL_MAT_ID case keeps one row of sums and one count per expert, at any batch size)."""
 
     def __init__(self, n_threads: int | None = None, process_output: bool = False):
         super().__init__(n_threads)
         self.process_output = process_output
-        self.sums: dict[str, np.ndarray] = {}
-        self.counts: dict[str, int] = {}
+        self.sums: dict[str, np.ndarray] = {}  # (n_mat, n_in) float64
+        self.counts: dict[str, np.ndarray] = {}  # (n_mat,) int64
 
     def wants(self, name: str) -> bool:
         return name.startswith("blk.") or (self.process_output and name == "output.weight")
@@ -207,20 +209,38 @@ class ImatrixCollector(CPUBackend):
         y = super().matmul(w, x)
         if x.shape[0] >= MIN_ROWS and self.wants(w.name):
             x64 = np.asarray(x, np.float64)
-            sq = np.einsum("ij,ij->j", x64, x64)
-            if not np.all(np.isfinite(sq)):
-                raise ImatrixError(f"non-finite activations entering {w.name}")
-            acc = self.sums.get(w.name)
-            if acc is None:
-                self.sums[w.name] = sq
-                self.counts[w.name] = x.shape[0]
-            else:
-                acc += sq
-                self.counts[w.name] += x.shape[0]
+            self._add(w.name, 1, np.zeros(x.shape[0], np.int64), x64 * x64)
         return y
 
+    def matmul_id(self, w, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        y = super().matmul_id(w, x, ids)
+        if self.wants(w.name):
+            ids = np.asarray(ids, np.int64)
+            x64 = np.asarray(x, np.float64)
+            if x64.ndim == 2:  # one input for all of a token's experts (gate, up)
+                x64 = np.broadcast_to(x64[:, None, :], (*ids.shape, x64.shape[-1]))
+            self._add(w.name, w.n_expert, ids.reshape(-1), (x64 * x64).reshape(ids.size, -1))
+        return y
+
+    def _add(self, name: str, n_mat: int, mats: np.ndarray, squares: np.ndarray) -> None:
+        """Adds each row of `squares` to the sums of matrix mats[row]."""
+        sums = np.zeros((n_mat, squares.shape[1]))
+        if n_mat == 1:
+            sums[0] = squares.sum(axis=0)
+        else:
+            for m in np.unique(mats):
+                sums[m] = squares[mats == m].sum(axis=0)
+        if not np.all(np.isfinite(sums)):
+            raise ImatrixError(f"non-finite activations entering {name}")
+        counts = np.bincount(mats, minlength=n_mat)
+        if name in self.sums:
+            self.sums[name] += sums
+            self.counts[name] += counts
+        else:
+            self.sums[name], self.counts[name] = sums, counts
+
     def imatrix(self, datasets=(), chunk_count: int = 0, chunk_size: int = 0) -> Imatrix:
-        entries = {name: ImatrixEntry(self.sums[name].reshape(1, -1), [self.counts[name]])
+        entries = {name: ImatrixEntry(self.sums[name], self.counts[name])
                    for name in sorted(self.sums)}
         return Imatrix(entries, list(datasets), chunk_count, chunk_size)
 

@@ -591,16 +591,18 @@ def _convert(t, p: TensorPlan, weights: np.ndarray | None) -> Iterator[np.ndarra
     step = max(1, _CHUNK_VALUES // n_cols)
     if weights is not None:
         weights = np.ascontiguousarray(weights, np.float32).reshape(-1, n_cols)
-    for a in range(0, n_rows, step):
+    a = 0
+    while a < n_rows:
         b = min(n_rows, a + step)
         if weights is not None and weights.shape[0] > 1:  # per-expert weights: stop at matrices
             b = min(b, (a // rows_per_mat + 1) * rows_per_mat)
         x = _dequantize_rows(p.src_type, rows[a:b], (b - a) * n_cols).reshape(b - a, n_cols)
         if p.dst_type == "F32":
             yield np.ascontiguousarray(x, np.float32)
-            continue
-        qw = None if weights is None else weights[min(a // rows_per_mat, weights.shape[0] - 1)]
-        yield quantize(p.dst_type, x, qw)
+        else:
+            qw = None if weights is None else weights[min(a // rows_per_mat, weights.shape[0] - 1)]
+            yield quantize(p.dst_type, x, qw)
+        a = b
 
 
 def _dequantize_rows(type_name: str, raw: np.ndarray, n: int) -> np.ndarray:

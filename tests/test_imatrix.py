@@ -114,3 +114,53 @@ def test_cli_imatrix(smollm2_path, golden_dir, tmp_path, capsys):
     short.write_text("Too short.")
     assert main(["imatrix", "-m", str(smollm2_path), "-f", str(short), "-o", str(out)]) == 1
     assert "a context of 512 needs at least 512" in capsys.readouterr().err
+
+
+def test_experts_get_one_row_per_expert(tmp_path, monkeypatch):
+    """A mixture of experts (Qwen3-MoE, synthetic): each ffn_*_exps entry holds one row of sums
+    and one count per expert, from exactly the (token, slot) rows routed to it (llama-imatrix's
+    MUL_MAT_ID case), and llama-quantize's planner takes them for the expert tensors."""
+    from synthetic_models import TOKENS, write_model
+
+    from llamatui.inference.archs import moe
+    from llamatui.inference.model import Batch, Model
+    from llamatui.quantizer.imatrix import ImatrixCollector
+    from llamatui.quantizer.model import quantize_model
+
+    chosen = []
+    route = moe.route
+
+    def recording_route(logits, n_used, normalize):
+        experts, weights = route(logits, n_used, normalize)
+        chosen.append(np.array(experts))
+        return experts, weights
+
+    monkeypatch.setattr(moe, "route", recording_route)
+    path = write_model("qwen3moe", "F16", tmp_path)
+    collector = ImatrixCollector(n_threads=2)
+    model = Model.load(GGUFFile.open(path), n_ctx=128, backend=collector)
+    model.decode(Batch(TOKENS, pos=0, logits=True))
+    imatrix = collector.imatrix(["synthetic"], 1, len(TOKENS))
+    hp = model.hparams
+    for layer, experts in enumerate(chosen):
+        routed = np.bincount(experts.reshape(-1), minlength=hp.n_expert)
+        for kind, n_in in (("gate", hp.n_embd), ("up", hp.n_embd), ("down", None)):
+            e = imatrix.entries[f"blk.{layer}.ffn_{kind}_exps.weight"]
+            assert e.sums.shape[0] == hp.n_expert and (n_in is None or e.sums.shape[1] == n_in)
+            assert np.array_equal(e.counts, routed)
+            assert np.all((e.sums.sum(axis=1) > 0) == (routed > 0))
+    # gate and up see the same inputs: the FFN norm's output of each routed token
+    np.testing.assert_allclose(imatrix.entries["blk.0.ffn_gate_exps.weight"].sums,
+                               imatrix.entries["blk.0.ffn_up_exps.weight"].sums)
+    result = quantize_model(path, tmp_path / "q4_k_m.gguf", "Q4_K_M", imatrix=imatrix)
+    assert "blk.0.ffn_down_exps.weight" in result.imatrix_used
+    # every expert quantized with its own row of importance: expert 3 alone equals quantizing its
+    # matrix with that row
+    from llamatui.quantizer.rows import quantize
+    with GGUFFile.open(path) as src, GGUFFile.open(tmp_path / "q4_k_m.gguf") as dst:
+        name = "blk.0.ffn_down_exps.weight"
+        t = dst.tensors[name]
+        expert3 = src.tensors[name].dequantize().reshape(t.shape)[3]
+        row = imatrix.entries[name].importance().reshape(hp.n_expert, -1)[3]
+        want = quantize(t.type, np.ascontiguousarray(expert3, np.float32), row)
+        assert np.array_equal(np.asarray(t.rows).reshape(hp.n_expert, *want.shape)[3], want)
