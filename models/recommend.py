@@ -127,6 +127,7 @@ class ModelShape:
     source: str = "header"  # "header", "remote header", "hub info"
     output_bytes: int = 0  # the output layer: its norm and matrix (token_embd's when tied)
     largest_matrix: int = 0  # values of the largest weight matrix
+    encoder: bool = False  # an embedding model (BERT): the engine gives it no KV cache
 
     @classmethod
     def from_gguf(cls, g, file_bytes: int | None = None, source: str = "header"
@@ -163,7 +164,8 @@ class ModelShape:
             n_swa=hp.n_swa if hp.swa_layers else 0, swa_layers=hp.swa_layers, source=source,
             output_bytes=output_bytes,
             largest_matrix=max((t.n_elements for t in g.tensors.values() if len(t.shape) == 2),
-                               default=0))
+                               default=0),
+            encoder=hp.encoder)
 
     @classmethod
     def from_hub_info(cls, summary, file_bytes: int) -> "ModelShape":
@@ -321,6 +323,8 @@ class MemoryEstimate:
 
     def _kv_layer(self, il: int) -> int:
         s = self.shape
+        if s.encoder:
+            return 0
         per = s.n_head_kv[il] * (s.head_dim_k * CACHE_BYTES_PER_VALUE[self.cache_type_k]
                                  + s.head_dim_v * CACHE_BYTES_PER_VALUE[self.cache_type_v])
         return int(per * self.n_ctx)
@@ -336,7 +340,8 @@ def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
     n_ctx = int(n_ctx) if n_ctx and n_ctx > 0 else int(shape.n_ctx_train or 4096)
     s = shape
     bk, bv = CACHE_BYTES_PER_VALUE[cache_type_k], CACHE_BYTES_PER_VALUE[cache_type_v]
-    per_layer_token = [h * (s.head_dim_k * bk + s.head_dim_v * bv) for h in s.n_head_kv]
+    per_layer_token = [0 if s.encoder else h * (s.head_dim_k * bk + s.head_dim_v * bv)
+                       for h in s.n_head_kv]
     per_token = sum(per_layer_token)
     kv = int(per_token * n_ctx)
     # llama.cpp: a sliding-window layer holds pad(n_swa + n_ubatch, 256) cells at most

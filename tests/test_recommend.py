@@ -47,6 +47,22 @@ def test_kv_cache_arithmetic(tmp_path):
         estimate(shape, 1024, "q4_0")
 
 
+def test_encoders_have_no_kv_cache(tmp_path):
+    """An embedding model (BERT) attends without the cache: the estimate counts none, as the
+    engine allocates none."""
+    from synthetic_models import write_model
+
+    from llamatui.inference.model import Model
+    path = write_model("bert", "F16", tmp_path)
+    with GGUFFile.open(path) as g:
+        shape = ModelShape.from_gguf(g)
+        model = Model.load(g, n_ctx=512)
+        assert model.kv.nbytes == 0
+    est = estimate(shape, n_ctx=512)
+    assert shape.encoder and est.kv_bytes == est.kv_bytes_per_token == 0
+    assert est.layer_bytes(0) == shape.layer_bytes[0]  # what offloading a layer moves: no KV
+
+
 def test_sliding_window_engine_vs_llama_cpp(tmp_path):
     """Gemma 3: layer il is local when il % 6 < 5. The engine allocates n_ctx cells on every
     layer; llama.cpp caps the local ones at pad(window + n_ubatch, 256)."""
