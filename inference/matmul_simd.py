@@ -231,15 +231,8 @@ def vbf16(typingctx, arr, idx):
     return f32x16(arr, types.intp), cg
 
 
-@intrinsic
-def vf32b(typingctx, arr, idx):
-    """16 little-endian float32 starting at byte idx of a uint8 array"""
-    if not _is_u8_array(arr):
-        return None
-
-    def cg(context, builder, sig, args):
-        return _load(context, builder, sig.args[0], args[0], args[1], _VF, 1)
-    return f32x16(arr, types.intp), cg
+vf32b = _vector_loader(types.uint8, _VF, 1, f32x16,
+                       "16 little-endian float32 starting at byte idx of a uint8 array")
 
 
 @intrinsic
@@ -559,15 +552,8 @@ def _concat(builder, a, b):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_i32, 2 * n), list(range(2 * n))))
 
 
-@intrinsic
-def vbytes(typingctx, arr, idx):
-    """the 64 bytes at arr.flat[idx] of a uint8 array, 4 to a lane"""
-    if not _is_u8_array(arr):
-        return None
-
-    def cg(context, builder, sig, args):
-        return _load(context, builder, sig.args[0], args[0], args[1], _VI, 1)
-    return i32x16(arr, types.intp), cg
+vbytes = _vector_loader(types.uint8, _VI, 1, i32x16,
+                        "the 64 bytes at arr.flat[idx] of a uint8 array, 4 to a lane")
 
 
 @intrinsic
