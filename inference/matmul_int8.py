@@ -32,9 +32,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .matmul_kernels import _k4_scales
+from .matmul_kernels import _k4_scales, _serial_begin, _serial_end
 from .matmul_simd import (
-    ld, ld_f16, threads_get, threads_set, vadd, vbcast, vbits2, vbyte_pairs, vbytes, vbytes2,
+    ld, ld_f16, vadd, vbcast, vbits2, vbyte_pairs, vbytes, vbytes2,
     vcvt, vdpbusd, vfma, vi8, vi8x4, viadd, viand, vibcast, vimul, vior, vipair8, vishl, vishr,
     vishrv, visub, vixor, vizero, vloadi, vnibbles2, vpair8, vsum, vzero,
 )
@@ -92,7 +92,7 @@ def quantize_activations(x, QB):
 # ================================================================== skeletons
 
 @njit(inline="always")
-def _row_dot8(w, bo, xq, xo, xd, xsum, xs32, nb, dot, BS, TS, QB):
+def _row_dot8(w, bo, xq, xo, xd, xsum, xs32, nb, dot, BS, TS):
     """One weight row (nb units of BS values from byte bo) . one token's quantized activations
     (from value xo)."""
     a0 = vzero()
@@ -108,9 +108,7 @@ def _row_dot8(w, bo, xq, xo, xd, xsum, xs32, nb, dot, BS, TS, QB):
 @njit(inline="always")
 def _matvec8(w, x, out, serial, dot, BS, TS, QB):
     """out[t, r] = x[t] . W[r], parallel over rows unless `serial` (as matmul_kernels._matvec)"""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     nrows = w.shape[0]
     rb = w.shape[1]
     nt = x.shape[0]
@@ -119,17 +117,14 @@ def _matvec8(w, x, out, serial, dot, BS, TS, QB):
     xq, xd, xsum, xs32 = quantize_activations(x, QB)
     for r in prange(nrows):
         for t in range(nt):
-            out[t, r] = _row_dot8(w, r * rb, xq, t * k, xd, xsum, xs32, nb, dot, BS, TS, QB)
-    if serial:
-        threads_set(threads)
+            out[t, r] = _row_dot8(w, r * rb, xq, t * k, xd, xsum, xs32, nb, dot, BS, TS)
+    _serial_end(serial, threads)
 
 
 @njit(inline="always")
 def _matvec_id8(w, x, experts, x_rows, out, serial, dot, BS, TS, QB):
     """out[i, r] = x[x_rows[i]] . W[experts[i] * n_out + r] (as matmul_kernels._matvec_id)"""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     rb = w.shape[1]
     n_out = out.shape[1]
     k = x.shape[1]
@@ -139,9 +134,8 @@ def _matvec_id8(w, x, experts, x_rows, out, serial, dot, BS, TS, QB):
         i = job // n_out
         r = job - i * n_out
         out[i, r] = _row_dot8(w, (ld(experts, i) * n_out + r) * rb, xq, ld(x_rows, i) * k, xd,
-                              xsum, xs32, nb, dot, BS, TS, QB)
-    if serial:
-        threads_set(threads)
+                              xsum, xs32, nb, dot, BS, TS)
+    _serial_end(serial, threads)
 
 
 # ================================================================== 32-value blocks, two at a time

@@ -84,6 +84,22 @@ def sums16(x):
 
 
 @njit(inline="always")
+def _serial_begin(serial):
+    """With `serial`, this thread's pranges run on it alone (waking the pool costs more than a
+    small product saves); returns the thread count `_serial_end` restores."""
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    return threads
+
+
+@njit(inline="always")
+def _serial_end(serial, threads):
+    if serial:
+        threads_set(threads)
+
+
+@njit(inline="always")
 def _row_dot(w, bo, x, xo, xs, so, nb, dot, BS, TS):
     """One weight row (nb blocks from byte bo) . one token's activations (from xo; their
     16-value sums from so): the inner loop of the decode kernels."""
@@ -102,9 +118,7 @@ def _row_dot(w, bo, x, xo, xs, so, nb, dot, BS, TS):
 def _matvec(w, x, out, serial, dot, BS, TS):
     """out[t, r] = x[t] . W[r]; `dot` accumulates one block (see `_dot_*`). With `serial`, the
     rows are done by the calling thread alone (no thread wake-up for a small matrix)."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     nrows = w.shape[0]
     rb = w.shape[1]
     nt = x.shape[0]
@@ -114,8 +128,7 @@ def _matvec(w, x, out, serial, dot, BS, TS):
     for r in prange(nrows):
         for t in range(nt):
             out[t, r] = _row_dot(w, r * rb, x, t * k, xs, t * (k // 16), nb, dot, BS, TS)
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 @njit(inline="always")
@@ -124,9 +137,7 @@ def _matvec_id(w, x, experts, x_rows, out, serial, dot, BS, TS):
     experts' matrices one after the other (n_expert * n_out rows), `n_out` = out.shape[1]. Only
     the selected experts' rows are read; the work is every row of every pair, spread over the
     threads (unless `serial`)."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     rb = w.shape[1]
     n_out = out.shape[1]
     k = x.shape[1]
@@ -138,17 +149,14 @@ def _matvec_id(w, x, experts, x_rows, out, serial, dot, BS, TS):
         t = ld(x_rows, i)
         out[i, r] = _row_dot(w, (ld(experts, i) * n_out + r) * rb, x, t * k, xs, t * (k // 16),
                              nb, dot, BS, TS)
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 @njit(inline="always")
 def _rows(w, rows, out, serial, deq, BS, TS, CH):
     """out[i] = W[rows[i]] dequantized exactly, 16 values at a time; parallel over rows unless
     `serial`."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     rb = w.shape[1]
     k = out.shape[1]
     nb = k // BS
@@ -160,8 +168,7 @@ def _rows(w, rows, out, serial, deq, BS, TS, CH):
                 vstore(out, oo + 16 * c, deq(w, bo, c))
             bo += TS
             oo += BS
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 
@@ -258,9 +265,7 @@ def _matmat(w, x, out, serial, deq, BS, TS, CH):
     once per token (cheaper for one token only). At 8 tokens the FMAs themselves are the bound
     (one per 16 values per token). Parallel over blocks of 4 rows unless `serial` (each work item
     prefetches the next one's rows); the last nrows % 4 rows one at a time."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     nrows = w.shape[0]
     rb = w.shape[1]
     nt = x.shape[0]
@@ -290,8 +295,7 @@ def _matmat(w, x, out, serial, deq, BS, TS, CH):
                 bo += TS
                 xo += BS
             out[t, r] = vsum(a)
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 # A block dot `_dot_<type>(w, bo, x, xo, xs, so, a0, a1, ms) -> (a0, a1, ms)` adds the block at
@@ -667,9 +671,7 @@ def _gemm(x, wt, out, r0, serial, load, mac, step):
     reduced by a transpose-and-add tree and added into out; leftover tokens go 4 rows x 1 token.
     `load(arr, i)` gives `step` values from arr.flat[i], `mac(w, x, acc)` multiplies them into
     16 float32 lanes."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     n = x.shape[0]
     k = x.shape[1]
     m = wt.shape[0]
@@ -742,8 +744,7 @@ def _gemm(x, wt, out, r0, serial, load, mac, step):
                     out[t, r0 + r] = out[t, r0 + r] + v if more else v
                     r += 1
                 t += 1
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
@@ -765,14 +766,11 @@ def gemm_bf16(x, wt, out, r0, serial):
 def to_bf16(src, dst, serial):
     """dst (uint16, same shape, C-contiguous) = src (float32, size % 16 == 0) rounded to
     bfloat16."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     n = src.size // 16
     for i in prange(n):
         vstore_bf16(dst, 16 * i, vload(src, 16 * i))
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
@@ -784,9 +782,7 @@ def gemm_nn_f32(x, w, c0, out, serial):
     dot-product tiles spend much of their time reducing: parallel over blocks of 4 rows of x; a
     4 x 32 tile of out is 8 accumulators, each k step broadcasting 4 values of x against 2 vectors
     of a row of w. No reduction, no k blocking (a 32-column slab of w stays in L2)."""
-    threads = threads_get()
-    if serial:
-        threads_set(1)
+    threads = _serial_begin(serial)
     n = x.shape[0]
     k = x.shape[1]
     ldw = w.shape[1]
@@ -827,8 +823,7 @@ def gemm_nn_f32(x, w, c0, out, serial):
                         acc = vfma(vbcast(x[t, kk]), vload(w, kk * ldw + wo), acc)
                     vstore(out, t * N + c, acc)
                 c += 16
-    if serial:
-        threads_set(threads)
+    _serial_end(serial, threads)
 
 
 # ================================================================== kernels
