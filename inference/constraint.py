@@ -26,6 +26,9 @@ Sampling keeps llama.cpp's trick (`common_sampler_sample`): the token the uncons
 draws is checked first, and only when the grammar rejects it is the full mask computed, applied
 (a numba kernel) and the chain run again. EOG is allowed exactly when the grammar accepts.
 
+Objects hold only the keys their schema lists unless it allows others, as llama.cpp's converter
+generates them (json_schema.closed_objects): a small model invents keys forever otherwise.
+
 JSON numbers are capped as llama.cpp's schema converter caps them (`[1-9][0-9]{0,15}`,
 `[0-9]{1,16}`): at most MAX_NUMBER_DIGITS digits in a row outside strings, so a small model that
 would repeat a digit forever ("-129.5674844444…") has to end the number. llguidance's JSON
@@ -45,6 +48,8 @@ from typing import ClassVar
 
 import numpy as np
 from numba import njit
+
+from .json_schema import closed_objects
 
 __all__ = ["CONSTRAINT_KINDS", "Constraint", "ConstraintError", "ConstraintSpec",
            "ConstraintVocab"]
@@ -107,7 +112,8 @@ class ConstraintSpec:
         llg = _llguidance()
         matcher = llg.LLMatcher
         if self.kind == "json_schema":
-            return matcher.grammar_from_json_schema(self.source, overrides=JSON_OPTIONS)
+            schema = json.dumps(closed_objects(json.loads(self.source)))
+            return matcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         if self.kind == "json_object":
             return matcher.grammar_from_json_schema('{"type": "object"}', overrides=JSON_OPTIONS)
         if self.kind == "regex":

@@ -30,7 +30,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llamatui.inference import ConstraintSpec
+from llamatui.inference import ConstraintSpec, closed_objects
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ARGUMENT_FRAGMENT = 24  # characters of arguments per streamed delta (OpenAI sends fragments)
@@ -154,7 +154,7 @@ def _lazy(calls: str, trigger: str) -> str:
 
 
 def _json(schema: dict) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": _X_GUIDANCE})
+    return "%json " + json.dumps({**closed_objects(schema), "x-guidance": _X_GUIDANCE})
 
 
 def _hermes_grammar(call: dict, parallel: bool, required: bool) -> str:
