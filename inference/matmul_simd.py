@@ -189,6 +189,17 @@ def vfma(typingctx, a, b, c):
 
 
 @intrinsic
+def vflag_above(typingctx, v, s):
+    """Bit i set where lane i of v is above s (float32), NaN or +inf: an int64 mask (vcmpps)."""
+    def cg(context, builder, sig, args):
+        above = builder.fcmp_ordered(">", args[0], _splat(builder, args[1], _VF))
+        odd = builder.fcmp_unordered(">=", args[0], ir.Constant(_VF, [float("inf")] * LANES))
+        bits = builder.bitcast(builder.or_(above, odd), ir.IntType(LANES))
+        return builder.zext(bits, ir.IntType(64))
+    return types.int64(f32x16, types.float32), cg
+
+
+@intrinsic
 def vsum(typingctx, v):
     """horizontal sum of the 16 lanes (pairwise tree) as float32"""
     def cg(context, builder, sig, args):

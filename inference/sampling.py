@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from .matmul_simd import vflag_above, vload
+
 __all__ = ["SamplingParams", "Sampler", "StopStringMatcher"]
 
 
@@ -199,10 +201,26 @@ def _sift_down(vals, ids, pos, k):
             break
 
 
+@njit(cache=True, inline="always")
+def _offer(x, i, out_vals, out_ids, k):
+    """x[i] into the heap if it beats the root; 1 when it is NaN or +inf (rejected later)."""
+    v = x[i]
+    if v > out_vals[0]:  # NaN never passes; a tie with the root keeps the lower id
+        out_vals[0] = v
+        out_ids[0] = i
+        _sift_down(out_vals, out_ids, 0, k)
+        return 1 if v == np.inf else 0
+    return 1 if v != v else 0
+
+
 @njit(cache=True)
 def _top_k_kernel(x, k, out_vals, out_ids):
     """The k largest entries of x (ties: lowest index first) into out_*, as a min-heap (unsorted).
-    Returns the number of entries that are NaN or +inf (which the caller rejects)."""
+    Returns the number of entries that are NaN or +inf (which the caller rejects).
+
+    After the first few hundred entries hardly any beats the heap's root, so 16 entries at a time
+    are first compared with it in one vector instruction, and walked one by one only when one is
+    above it (or NaN or +inf)."""
     n = x.shape[0]
     bad = 0
     for i in range(k):
@@ -213,16 +231,14 @@ def _top_k_kernel(x, k, out_vals, out_ids):
         out_ids[i] = i
     for start in range(k // 2 - 1, -1, -1):
         _sift_down(out_vals, out_ids, start, k)
-    for i in range(k, n):
-        v = x[i]
-        if v > out_vals[0]:  # NaN never passes; a tie with the root keeps the lower id
-            if v == np.inf:
-                bad += 1
-            out_vals[0] = v
-            out_ids[0] = i
-            _sift_down(out_vals, out_ids, 0, k)
-        elif v != v:
-            bad += 1
+    i = k
+    while i + 16 <= n:
+        if vflag_above(vload(x, i), out_vals[0]):
+            for j in range(i, i + 16):
+                bad += _offer(x, j, out_vals, out_ids, k)
+        i += 16
+    for j in range(i, n):
+        bad += _offer(x, j, out_vals, out_ids, k)
     return bad
 
 

@@ -258,6 +258,19 @@ def test_top_k_keeps_the_k_largest_with_ties_to_lower_ids():
         assert sorted(ids.tolist()) == sorted(expected.tolist())
 
 
+@pytest.mark.parametrize("where", [5, 30_001, 49_151])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_top_k_finds_nan_and_inf_anywhere(where, value):
+    # the scan checks 16 logits at a time: the first k, whole blocks and the tail all count
+    x = np.random.default_rng(2).standard_normal(49_152).astype(np.float32)
+    x[100:200] = -np.inf  # banned tokens are not errors
+    x[where] = value
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        Sampler(SamplingParams(seed=0, top_k=40), len(x)).sample(x)
+    x[where] = 0.0
+    Sampler(SamplingParams(seed=0, top_k=40), len(x)).sample(x)
+
+
 def test_typical_keeps_tokens_whose_surprise_is_near_the_entropy():
     # entropy of PROBS is 1.236 nats; surprises are 0.69, 1.20, 2.30, 2.81, 3.22, so the most
     # typical token is id 1, then 0, then 2
