@@ -1,6 +1,8 @@
 """Tool-call parsing per chat-template family (app/server/tool_calls.py) from outputs in each
-family's format (tests/data/tool_call_outputs.json: written from the families' documented formats,
-as no model of those families is available offline; each entry says so), with the templates of
+family's format (tests/data/tool_call_outputs.json: replies the model makers published from their
+models, "recorded": Qwen 2.5's parallel calls, Llama 3.1's JSON and built-in tool calls; and
+replies written from each family's documented format, as no model of those families is available
+offline; each entry names its source), with the templates of
 those families (tests/data/chat_templates/: Qwen 2.5, Qwen 3, Hermes 2 Pro, Llama 3.1 and
 Mistral Nemo, as llama.cpp's models/templates carries them):
 
@@ -31,7 +33,18 @@ TOOLS = [{"type": "function", "function": {
     {"type": "function", "function": {
         "name": "get_time", "description": "The local time in a zone.",
         "parameters": {"type": "object", "required": ["zone"],
-                       "properties": {"zone": {"type": "string"}}}}}]
+                       "properties": {"zone": {"type": "string"}}}}},
+    # the tools of the recorded Qwen 2.5 replies (QwenLM/Qwen2.5's function-calling guide)
+    {"type": "function", "function": {
+        "name": "get_current_temperature", "description": "Get current temperature at a location.",
+        "parameters": {"type": "object", "required": ["location"], "properties": {
+            "location": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}},
+    {"type": "function", "function": {
+        "name": "get_temperature_date", "description": "Get temperature at a location and date.",
+        "parameters": {"type": "object", "required": ["location", "date"], "properties": {
+            "location": {"type": "string"}, "date": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}]
 TEMPLATES = {"Qwen-Qwen2.5-7B-Instruct.jinja": "hermes", "Qwen-Qwen3-0.6B.jinja": "hermes",
              "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": "hermes",
              "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
@@ -75,7 +88,8 @@ def test_streamed_deltas_add_up_to_the_reply(entry, size):
     reply = ReplyStream(_plan(entry), reasoning=True, opened=False)
     text = entry["text"]
     deltas = [d for i in range(0, len(text), size) for d in reply.feed(text[i:i + size])]
-    if entry["calls"] and entry["family"] != "mistral":  # calls stream as they are written
+    # calls stream as they are written (Mistral's and built-in ones are parsed at the end)
+    if entry["calls"] and entry["family"] != "mistral" and entry.get("streamed", True):
         assert any("tool_calls" in d for d in deltas)
     deltas += reply.finish()
     content = "".join(d.get("content", "") for d in deltas)
@@ -131,7 +145,10 @@ def _accepts(tokenizer, spec: ConstraintSpec, text: str, marker: str | None = No
     return c.accepting
 
 
-@pytest.mark.parametrize("entry", [e for e in OUTPUTS if "reasoning" not in e], ids=_ids)
+# (not the recorded replies our grammar would have written otherwise: pretty-printed JSON with
+# an extra key, Llama 3.1's built-in calls)
+@pytest.mark.parametrize("entry", [e for e in OUTPUTS if "reasoning" not in e
+                                   and e.get("grammar", True)], ids=_ids)
 def test_the_family_grammar_accepts_its_output(tokenizer, entry):
     plan = _plan(entry)
     marker = plan.family.trigger if plan.family.trigger != "{" else None
@@ -172,6 +189,22 @@ def test_templates_render_tools_calls_and_replies(name, family):
     assert "get_time" in prompt  # the declared tools are described
     assert '"city": "Paris"' in prompt  # the call
     assert "temperature" in prompt and "18" in prompt  # its reply (Llama 3.1's quotes it)
+
+
+def test_llama31_announces_its_built_in_tools():
+    source = (DATA / "chat_templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
+    search = {"type": "function", "function": {
+        "name": "brave_search", "description": "Web search.",
+        "parameters": {"type": "object", "required": ["query"],
+                       "properties": {"query": {"type": "string"}}}}}
+    plan = ToolPlan(family_of(source, False), [search, *TOOLS[:1]], "auto", False)
+    variables = plan.template_variables()
+    assert variables["builtin_tools"] == ["brave_search"]
+    prompt = ChatTemplate(source, bos_token="<s>", eos_token="</s>").render(
+        [{"role": "user", "content": "Gold price?"}], **variables)
+    assert "Tools: brave_search" in prompt and "Environment: ipython" in prompt
+    hermes = ToolPlan(family_named("hermes"), [search], "auto", False)
+    assert "builtin_tools" not in hermes.template_variables()
 
 
 def test_generic_family_describes_tools_in_a_system_message():

@@ -92,8 +92,7 @@ def _prompt_ids(engine, prompt, chat: bool, plan: ToolPlan | None = None
     template_vars = {}
     if plan is not None:
         prompt = plan.messages(prompt)
-        if plan.family.native and plan.tools:
-            template_vars["tools"] = plan.tools
+        template_vars = plan.template_variables()
     try:
         text = engine.apply_chat_template(prompt, **template_vars)
     except ChatTemplateError as e:

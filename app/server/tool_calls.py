@@ -12,7 +12,8 @@ One small `Family` per format, in `FAMILIES` (first match wins; generic last):
 
 - hermes: Hermes 2 Pro, Qwen 2.5, Qwen 3:
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
-- llama3: Llama 3.1-3.3 JSON calls: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`)
+- llama3: Llama 3.1-3.3 JSON calls: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`),
+  and Llama 3.1's built-in tool calls `<|python_tag|>brave_search.call(query="...")`
 - mistral: Mistral Nemo / Small: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`
 - generic: any other template: `{"tool_call": {"name": ..., "arguments": ...}}` (or
   `{"tool_calls": [...]}` with parallel calls), `{"response": "..."}` for a plain answer; the
@@ -23,6 +24,7 @@ The lazy grammar is llguidance's Lark: a free-text lexeme that stops at the trig
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
@@ -105,6 +107,8 @@ class Family:
     native: bool = True
     args_key: str = "arguments"
     call_ids: bool = False  # a call may carry its own id (Mistral's 9 characters)
+    # tool names the template announces as built-in (its `builtin_tools` variable)
+    builtin_tools: tuple[str, ...] = ()
 
 
 def _split_at(text: str, marker: str) -> tuple[str, str]:
@@ -121,9 +125,30 @@ def _parse_hermes(text: str):
 def _parse_llama3(text: str):
     stripped = text.strip().removeprefix("<|python_tag|>").strip()
     if not stripped.startswith("{"):
-        return text.strip(), []
+        builtin = _builtin_call(stripped) if text.lstrip().startswith("<|python_tag|>") else None
+        return ("", [builtin]) if builtin else (text.strip(), [])
     calls = _calls_from(_json_values(stripped), "parameters")
     return ("", calls) if calls else (text.strip(), [])
+
+
+# Llama 3.1's built-in tools (brave_search, wolfram_alpha...) are called in Python syntax after
+# <|python_tag|>; llama.cpp reads them as a call of that name with the keywords as arguments
+_BUILTIN_CALL = re.compile(r"([A-Za-z_]\w*)\s*\.\s*call\s*\((.*)\)", re.DOTALL)
+
+
+def _builtin_call(text: str) -> ToolCall | None:
+    """`name.call(key=literal, ...)` as a ToolCall, or None when `text` is not one."""
+    m = _BUILTIN_CALL.fullmatch(text)
+    if m is None:
+        return None
+    try:  # parsed, never evaluated: only literal values are taken
+        call = ast.parse(f"f({m.group(2)})", mode="eval").body
+        if call.args or any(k.arg is None for k in call.keywords):
+            return None
+        args = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        return ToolCall(m.group(1), json.dumps(args, ensure_ascii=False))
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
 
 
 def _parse_mistral(text: str):
@@ -189,7 +214,9 @@ FAMILIES: list[Family] = [
            _mistral_grammar, call_ids=True),
     Family("llama3", lambda src: "<|start_header_id|>" in src and
            ("<|python_tag|>" in src or "ipython" in src or "tools" in src), "{", _parse_llama3,
-           _llama3_grammar, args_key="parameters"),
+           _llama3_grammar, args_key="parameters",
+           builtin_tools=("wolfram_alpha", "web_search", "brave_search", "python",
+                          "code_interpreter")),
     Family("generic", lambda src: True, None, _parse_generic, None, native=False),
 ]
 
@@ -219,6 +246,15 @@ class ToolPlan:
     @property
     def active(self) -> bool:
         return bool(self.tools) and self.choice != "none"
+
+    def template_variables(self) -> dict:
+        """What the chat template gets: the tools (native families), and the built-in ones
+        among them by name (Llama 3.1's `builtin_tools`, as llama.cpp passes them)."""
+        if not (self.family.native and self.tools):
+            return {}
+        names = [t["function"]["name"] for t in self.tools]
+        builtin = [n for n in names if n in self.family.builtin_tools]
+        return {"tools": self.tools, **({"builtin_tools": builtin} if builtin else {})}
 
     def callable_tools(self) -> list[dict]:
         if self.choice in ("auto", "none", "required"):
@@ -342,9 +378,10 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- streaming
 
-# a call's head: {"name": "...", "arguments": (Llama 3: "parameters")
-_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*'
-                        r'"(?:arguments|parameters)"\s*:')
+# a call's head: {"name": "...", "arguments": (Llama 3: "parameters"; Llama 3.1 may write
+# "type": "function" first)
+_CALL_HEAD = re.compile(r'\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*'
+                        r'"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:')
 
 
 class _CallScanner:
