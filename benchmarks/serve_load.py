@@ -9,6 +9,10 @@ gap between tokens (p50 / p95). For llamatui also the event loop's lag during th
 
     python benchmarks/serve_load.py -m SmolLM2-135M-Instruct.Q4_1.gguf -np 8 -c 8192 -t 2
 
+Both servers are started first and measured in turns, --rounds times (each idles while the other
+runs): on a noisy machine each ratio is taken within one round, and the median of the rounds is
+reported.
+
 End-of-generation tokens are banned with logit_bias (found through /props and /tokenize) so
 that every stream generates exactly T tokens on both servers. The client is a small asyncio
 HTTP/1.1 reader, so that it takes little of the CPU the servers share with it.
@@ -203,32 +207,33 @@ def rss_mib(proc) -> float:
     return psutil.Process(proc.pid).memory_info().rss / 2**20
 
 
-def bench(kind: str, url: str, proc, args, headers: dict) -> dict:
-    bias = eog_bias(url, headers)
-    for n in args.clients:  # warm-up: kernels, caches, and batches of every size measured
-        asyncio.run(load(url, n, 16, bias, headers))
-    out = {"kind": kind, "runs": []}
+def measure(kind: str, url: str, args, headers: dict, bias: dict) -> list[dict]:
+    """One round: each client count once, the event loop's lag scraped around each run."""
+    runs = []
     for n in args.clients:
         before = lag_buckets(url, headers)
         r = asyncio.run(load(url, n, args.tokens, bias, headers))
         after = lag_buckets(url, headers)
         if before and after:
             r["lag99"] = lag_p99(before, after)
-        out["runs"].append(r)
+        runs.append(r)
         print(f"{kind:>12} {n:>3} clients: {r['agg_tps']:7.1f} tok/s aggregate, "
               f"{r['stream_tps']:6.1f} per stream, TTFT p50/p95 {r['ttft50'] * 1e3:6.0f}/"
               f"{r['ttft95'] * 1e3:6.0f} ms, gap p50/p95 {r['gap50'] * 1e3:5.1f}/"
               f"{r['gap95'] * 1e3:5.1f} ms"
               + (f", loop lag p99 ≤ {r['lag99'] * 1e3:g} ms" if "lag99" in r else ""),
               flush=True)
-    if proc is not None and args.rss_requests:
-        asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.clients[-1] * 4))
-        rss0 = rss_mib(proc)
-        asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.rss_requests))
-        out["rss_growth"] = rss_mib(proc) - rss0
-        print(f"{kind:>12} RSS {rss0:.0f} MiB → +{out['rss_growth']:.1f} MiB over "
-              f"{args.rss_requests} requests", flush=True)
-    return out
+    return runs
+
+
+def rss_growth(kind: str, url: str, proc, args, headers: dict, bias: dict) -> float:
+    asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.clients[-1] * 4))
+    rss0 = rss_mib(proc)
+    asyncio.run(load(url, args.clients[-1], 16, bias, headers, args.rss_requests))
+    growth = rss_mib(proc) - rss0
+    print(f"{kind:>12} RSS {rss0:.0f} MiB → +{growth:.1f} MiB over {args.rss_requests} "
+          f"requests", flush=True)
+    return growth
 
 
 def main() -> int:
@@ -241,6 +246,9 @@ def main() -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--clients", default="1,8", help="client counts, comma-separated")
     p.add_argument("--tokens", type=int, default=128, help="tokens per stream")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of every server and client count, alternating (a noisy "
+                        "machine: ratios are taken within a round, then their median)")
     p.add_argument("--rss-requests", type=int, default=500)
     p.add_argument("--llama-server", default=os.environ.get("LLAMA_SERVER", LLAMA_SERVER))
     p.add_argument("--only", choices=("llamatui", "llama-server"), default=None)
@@ -248,7 +256,9 @@ def main() -> int:
     args.clients = [int(c) for c in args.clients.split(",")]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.url:
-        bench("server", args.url.rstrip("/"), None, args, headers)
+        url = args.url.rstrip("/")
+        for _ in range(args.rounds):
+            measure("server", url, args, headers, eog_bias(url, headers))
         return 0
     if not args.model:
         p.error("give -m MODEL (or --url)")
@@ -260,42 +270,66 @@ def main() -> int:
     if args.only:
         kinds = [k for k in kinds if k == args.only]
     print(f"{os.path.basename(args.model)}, -np {args.parallel} -c {args.ctx_size} -t "
-          f"{args.threads}, {args.tokens} tokens per stream; load average "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
-    results = {}
-    for kind in kinds:
-        proc, url = start(kind, args.model, args)
-        try:
-            results[kind] = bench(kind, url, proc, args, headers)
-        finally:
+          f"{args.threads}, {args.tokens} tokens per stream, {args.rounds} round(s); load "
+          f"average {os.getloadavg()[0]:.2f}", flush=True)
+    servers = {}  # each idles while the other is measured
+    try:
+        for kind in kinds:
+            servers[kind] = start(kind, args.model, args)
+        biases = {kind: eog_bias(url, headers) for kind, (_, url) in servers.items()}
+        for kind, (_, url) in servers.items():  # warm-up: kernels, caches, every batch size
+            for n in args.clients:
+                asyncio.run(load(url, n, 16, biases[kind], headers))
+        rounds = []
+        for i in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {i + 1}", flush=True)
+            rounds.append({kind: {r["clients"]: r for r in
+                                  measure(kind, url, args, headers, biases[kind])}
+                           for kind, (_, url) in servers.items()})
+        rss = None
+        if "llamatui" in servers and args.rss_requests:
+            proc, url = servers["llamatui"]
+            rss = rss_growth("llamatui", url, proc, args, headers, biases["llamatui"])
+    finally:
+        for proc, _ in servers.values():
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    report(results, args)
+    report(rounds, rss, args)
     return 0
 
 
-def report(results: dict, args) -> None:
-    ours = {r["clients"]: r for r in results["llamatui"]["runs"]}
-    lo, hi = min(ours), max(ours)
-    print(f"\nllamatui {hi} clients / {lo}: {ours[hi]['agg_tps'] / ours[lo]['agg_tps']:.2f}x "
-          f"aggregate (target ≥ 4x)")
-    print(f"llamatui gap p95 at {hi} / gap p50 at {lo}: "
-          f"{ours[hi]['gap95'] / ours[lo]['gap50']:.2f}x (target ≤ 3x)")
-    if "lag99" in ours[hi]:
-        print(f"llamatui event loop lag p99 during {hi} streams: "
-              f"≤ {ours[hi]['lag99'] * 1e3:g} ms (target < 50 ms)")
-    if "rss_growth" in results["llamatui"]:
-        print(f"llamatui RSS growth over {args.rss_requests} requests: "
-              f"{results['llamatui']['rss_growth']:.1f} MiB (target < 50 MiB)")
-    if "llama-server" in results:
-        theirs = {r["clients"]: r for r in results["llama-server"]["runs"]}
-        for n in sorted(ours):
-            print(f"{n} clients: llamatui / llama-server aggregate "
-                  f"{ours[n]['agg_tps'] / theirs[n]['agg_tps']:.2f}x"
-                  + (" (target ≥ 2x)" if n == hi else ""))
+def report(rounds: list[dict], rss: float | None, args) -> None:
+    """Each target's ratio per round (both sides measured in that round) and their median."""
+    lo, hi = min(args.clients), max(args.clients)
+
+    def line(label: str, values: list[float], unit: str, target: str) -> None:
+        each = ", ".join(f"{v:.2f}{unit}" for v in values)
+        print(f"{label}: {statistics.median(values):.2f}{unit} median"
+              + (f" (rounds: {each})" if len(values) > 1 else "") + f" (target {target})")
+
+    if all("llamatui" in r for r in rounds):
+        ours = [r["llamatui"] for r in rounds]
+        print()
+        line(f"llamatui {hi} clients / {lo}", [o[hi]["agg_tps"] / o[lo]["agg_tps"] for o in ours],
+             "x", "≥ 4x")
+        line(f"llamatui gap p95 at {hi} / gap p50 at {lo}",
+             [o[hi]["gap95"] / o[lo]["gap50"] for o in ours], "x", "≤ 3x")
+        lags = [o[hi]["lag99"] * 1e3 for o in ours if "lag99" in o[hi]]
+        if lags:
+            print(f"llamatui event loop lag p99 during {hi} streams: ≤ {max(lags):g} ms "
+                  f"(target < 50 ms)")
+        if rss is not None:
+            print(f"llamatui RSS growth over {args.rss_requests} requests: {rss:.1f} MiB "
+                  f"(target < 50 MiB)")
+    if all("llamatui" in r and "llama-server" in r for r in rounds):
+        for n in sorted(args.clients):
+            line(f"{n} clients: llamatui / llama-server aggregate",
+                 [r["llamatui"][n]["agg_tps"] / r["llama-server"][n]["agg_tps"] for r in rounds],
+                 "x", "≥ 2x" if n == hi else "none")
 
 
 if __name__ == "__main__":
