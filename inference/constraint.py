@@ -112,8 +112,14 @@ class ConstraintSpec:
         llg = _llguidance()
         matcher = llg.LLMatcher
         if self.kind == "json_schema":
-            schema = json.dumps(closed_objects(json.loads(self.source)))
-            return matcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            try:
+                schema = json.dumps(closed_objects(json.loads(self.source)))
+                return matcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+            except RecursionError:
+                raise ConstraintError("cannot use this JSON schema: it nests too deeply") \
+                    from None
+            except ValueError as e:  # llguidance's own limits ("recursion limit exceeded")
+                raise ConstraintError(_describe(self, str(e))) from None
         if self.kind == "json_object":
             return matcher.grammar_from_json_schema('{"type": "object"}', overrides=JSON_OPTIONS)
         if self.kind == "regex":
@@ -134,12 +140,17 @@ def _schema_text(source) -> str:
             source = json.loads(source)
         except json.JSONDecodeError as e:
             raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ConstraintError("cannot use this JSON schema: it nests too deeply") from None
     if isinstance(source, bool):
         raise ConstraintError("a boolean JSON schema constrains nothing useful; give an object")
     if not isinstance(source, Mapping):
         raise ConstraintError(f"a JSON schema must be a JSON object, got "
                               f"{type(source).__name__}")
-    return json.dumps(source, separators=(",", ":"))
+    try:
+        return json.dumps(source, separators=(",", ":"))
+    except RecursionError:
+        raise ConstraintError("cannot use this JSON schema: it nests too deeply") from None
 
 
 def _strip_prefix(message: str) -> str:

@@ -47,10 +47,9 @@ def closed_objects(schema):
     """A copy of `schema` in which an object schema that lists `properties` and says nothing
     about other keys admits no other keys (see the module docstring); `schema` is unchanged."""
     try:
-        keep_open = _intersected(schema, schema)
-    except _Unresolvable:
+        return _close(schema, _intersected(schema, schema))
+    except (_Unresolvable, RecursionError):  # left as given: the compiler judges it
         return schema
-    return _close(schema, keep_open)
 
 
 def _subschemas(node):

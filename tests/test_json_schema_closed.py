@@ -9,7 +9,7 @@ import jsonschema
 import llguidance
 import pytest
 
-from llamatui.inference import ConstraintSpec, closed_objects
+from llamatui.inference import ConstraintError, ConstraintSpec, closed_objects
 
 
 class _Bytes:
@@ -119,6 +119,17 @@ def test_unresolvable_references_leave_the_schema_as_given():
     looping = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                "properties": {"v": {"$ref": "#/$defs/a"}}}
     assert closed_objects(looping) is looping
+
+
+@pytest.mark.parametrize("depth", [80, 3000])
+def test_a_deeply_nested_schema_is_a_clear_error(depth):
+    # llguidance refuses the 80 levels itself; 3000 is beyond Python's own recursion
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    assert closed_objects(schema) is not None  # no RecursionError out of the transform
+    with pytest.raises(ConstraintError, match="cannot use this JSON schema"):
+        ConstraintSpec("json_schema", schema).compile()
 
 
 def test_tool_call_arguments_are_closed_too():

@@ -193,6 +193,9 @@ def test_malformed_json_and_unknown_fields(server):
     assert status == 400 and "not valid JSON" in json.loads(raw)["error"]["message"]
     status, _, raw = server.post("/v1/chat/completions", b"[1, 2]", headers=_auth())
     assert status == 400 and "JSON object" in json.loads(raw)["error"]["message"]
+    deep = b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # Python's parser recurses
+    status, _, raw = server.post("/v1/chat/completions", deep, headers=_auth())
+    assert status == 400 and "nests too deeply" in json.loads(raw)["error"]["message"]
     ok = {"messages": CHAT, "max_tokens": 2, "frobnicate": {"x": 1}, "user": "me"}
     status, _, raw = server.post("/v1/chat/completions", ok, headers=_auth())
     assert status == 200, raw

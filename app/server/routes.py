@@ -50,6 +50,8 @@ async def read_json(request: Request) -> dict:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise APIError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError("the request body nests too deeply to be read") from None
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
     try:  # JSON's \ud800 escapes can carry lone UTF-16 surrogates, which are not text
@@ -57,6 +59,8 @@ async def read_json(request: Request) -> dict:
     except UnicodeEncodeError as e:
         raise APIError(f"the request body holds a lone UTF-16 surrogate "
                        f"({e.object[e.start:e.end]!a}), which is not text") from None
+    except RecursionError:
+        raise APIError("the request body nests too deeply to be read") from None
     return data
 
 
