@@ -14,7 +14,7 @@ _EXPORTS = {
     "NonFiniteLogitsError": "scheduler", "ModelMetadataError": "hparams",
     "InsufficientMemoryError": "memory", "UnsupportedArchitectureError": "catalog",
     "ConstraintSpec": "constraint", "ConstraintError": "constraint",
-    "closed_objects": "json_schema",
+    "generation_schema": "json_schema",
     "EmbeddingOnlyError": "model", "POOLINGS": "embedding",
 }
 __all__ = list(_EXPORTS)

@@ -26,8 +26,9 @@ Sampling keeps llama.cpp's trick (`common_sampler_sample`): the token the uncons
 draws is checked first, and only when the grammar rejects it is the full mask computed, applied
 (a numba kernel) and the chain run again. EOG is allowed exactly when the grammar accepts.
 
-Objects hold only the keys their schema lists unless it allows others, as llama.cpp's converter
-generates them (json_schema.closed_objects): a small model invents keys forever otherwise.
+Objects hold only the keys their schema lists unless it allows others, and date-time / time
+strings are bounded, as llama.cpp's converter generates them (json_schema.generation_schema): a
+small model invents keys or fraction digits forever otherwise.
 
 JSON numbers are capped as llama.cpp's schema converter caps them (`[1-9][0-9]{0,15}`,
 `[0-9]{1,16}`): at most MAX_NUMBER_DIGITS digits in a row outside strings, so a small model that
@@ -49,7 +50,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
-from .json_schema import closed_objects
+from .json_schema import generation_schema
 
 __all__ = ["CONSTRAINT_KINDS", "Constraint", "ConstraintError", "ConstraintSpec",
            "ConstraintVocab"]
@@ -113,7 +114,7 @@ class ConstraintSpec:
         matcher = llg.LLMatcher
         if self.kind == "json_schema":
             try:
-                schema = json.dumps(closed_objects(json.loads(self.source)))
+                schema = json.dumps(generation_schema(json.loads(self.source)))
                 return matcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
             except RecursionError:
                 raise ConstraintError("cannot use this JSON schema: it nests too deeply") \

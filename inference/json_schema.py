@@ -1,15 +1,20 @@
-"""Which object keys a JSON schema's output may hold: only the listed ones, unless the schema
-says otherwise — llama.cpp's rule (`json-schema-to-grammar.cpp`, `_build_object_rule` admits
-other keys only when `additionalProperties` is given), also xgrammar's strict mode and what
-OpenAI's strict structured outputs require.
+"""The schema output is generated from: the user's JSON schema with the room llama.cpp's
+converter (`json-schema-to-grammar.cpp`) does not give a model taken away, so that a small model
+cannot run on forever where the schema leaves the length open. Every output it allows still
+validates against the user's schema: it only narrows what is generated.
 
-Why: JSON Schema's default admits any other key, and a small model given room invents keys
-("c", "d", … in an object whose schema named "a" and "b") until max_tokens cuts the JSON. Every
-output this allows still validates against the original schema: it only narrows what is
-generated. A schema that wants other keys says so (`"additionalProperties": true` or a schema,
-`patternProperties`, `unevaluatedProperties`, `minProperties`, `maxProperties`).
+- Objects hold only the keys they list, unless the schema says otherwise (llama.cpp's
+  `_build_object_rule` admits other keys only when `additionalProperties` is given; also
+  xgrammar's strict mode and what OpenAI's strict structured outputs require). JSON Schema's
+  default admits any other key, and a small model invents keys ("c", "d", … in an object whose
+  schema named "a" and "b") until max_tokens cuts the JSON. A schema that wants other keys says
+  so (`"additionalProperties": true` or a schema, `patternProperties`, `unevaluatedProperties`,
+  `minProperties`, `maxProperties`).
+- `date-time` and `time` strings are at most as long as llama.cpp's rules make them
+  (`HH:MM:SS.sss+HH:MM`: a 3-digit fraction; maxLength 29 and 18), where llguidance's formats
+  allow any number of fraction digits ("00:00:00.000000000…" until max_tokens).
 
-    closed_objects({"type": "object", "properties": {"a": {...}}})
+    generation_schema({"type": "object", "properties": {"a": {...}}})
     → {"type": "object", "properties": {"a": {...}}, "additionalProperties": false}
 
 Intersections are closed as one object, as llama.cpp merges `allOf`: the schema holding an
@@ -20,7 +25,7 @@ spec's default, as does every schema holding a reference this cannot resolve.
 """
 from __future__ import annotations
 
-__all__ = ["closed_objects"]
+__all__ = ["generation_schema"]
 
 # keywords whose value is a map of names to subschemas, one subschema, or a list of them
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -43,9 +48,13 @@ class _Unresolvable(Exception):
     pass
 
 
-def closed_objects(schema):
-    """A copy of `schema` in which an object schema that lists `properties` and says nothing
-    about other keys admits no other keys (see the module docstring); `schema` is unchanged."""
+# llama.cpp's longest date-time / time: 2024-01-31T23:59:59.999+01:00, 23:59:59.999+01:00
+FORMAT_MAX_LENGTH = {"date-time": 29, "time": 18}
+
+
+def generation_schema(schema):
+    """A copy of `schema` with objects closed and times bounded (see the module docstring);
+    `schema` itself is unchanged."""
     try:
         return _close(schema, _intersected(schema, schema))
     except (_Unresolvable, RecursionError):  # left as given: the compiler judges it
@@ -122,6 +131,8 @@ def _close(node, keep_open: set[int], root=None):
     for key in _SCHEMA_LISTS:
         if isinstance(node.get(key), list):
             out[key] = [_close(v, keep_open, root) for v in node[key]]
+    if node.get("format") in FORMAT_MAX_LENGTH and "maxLength" not in node:
+        out["maxLength"] = FORMAT_MAX_LENGTH[node["format"]]
     if id(node) in keep_open or any(k in node for k in _OTHER_KEYS):
         return out
     names = _merged_keys(root, node)

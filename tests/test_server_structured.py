@@ -249,4 +249,4 @@ def test_every_schema_validates_on_gemma3_through_response_format(gemma3_path):
     with serve(gemma3_path, "-c", str(N_SLOTS * 512), "-np", str(N_SLOTS), "-t", "2",
                "--api-key", KEY) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, timeout=300, max_retries=0)
-        _check_schemas(client, SCHEMAS, extra_body={"repeat_penalty": 1.1})
+        _check_schemas(client, SCHEMAS)

@@ -32,7 +32,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llamatui.inference import ConstraintSpec, closed_objects
+from llamatui.inference import ConstraintSpec, generation_schema
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ARGUMENT_FRAGMENT = 24  # characters of arguments per streamed delta (OpenAI sends fragments)
@@ -179,7 +179,7 @@ def _lazy(calls: str, trigger: str) -> str:
 
 
 def _json(schema: dict) -> str:
-    return "%json " + json.dumps({**closed_objects(schema), "x-guidance": _X_GUIDANCE})
+    return "%json " + json.dumps({**generation_schema(schema), "x-guidance": _X_GUIDANCE})
 
 
 def _hermes_grammar(call: dict, parallel: bool, required: bool) -> str:

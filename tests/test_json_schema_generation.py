@@ -1,7 +1,8 @@
-"""Objects hold only the keys their schema lists unless it allows others (inference/json_schema.py,
-llama.cpp's rule): the schema transform itself, and the compiled grammar (ConstraintSpec's real
-path into llguidance) matched byte by byte against JSON texts. Every text the closed grammar
-accepts must still validate against the user's schema."""
+"""The schema output is generated from (inference/json_schema.py, llama.cpp's converter's rules):
+objects hold only the keys they list unless the schema allows others, date-time and time strings
+are bounded. The transform itself, and the compiled grammar (ConstraintSpec's real path into
+llguidance) matched byte by byte against JSON texts; every text the grammar accepts must still
+validate against the user's schema."""
 import copy
 import json
 
@@ -9,7 +10,7 @@ import jsonschema
 import llguidance
 import pytest
 
-from llamatui.inference import ConstraintError, ConstraintSpec, closed_objects
+from llamatui.inference import ConstraintError, ConstraintSpec, generation_schema
 
 
 class _Bytes:
@@ -62,7 +63,7 @@ def test_listed_keys_only_when_the_schema_says_nothing_of_others():
 def test_the_input_schema_is_not_modified():
     schema = {"$defs": {"p": POINT}, "type": "object", "properties": {"a": {"$ref": "#/$defs/p"}}}
     before = copy.deepcopy(schema)
-    closed = closed_objects(schema)
+    closed = generation_schema(schema)
     assert schema == before
     assert closed["additionalProperties"] is False
     assert closed["$defs"]["p"]["additionalProperties"] is False
@@ -76,7 +77,7 @@ def test_the_input_schema_is_not_modified():
 def test_a_schema_that_speaks_of_other_keys_keeps_them(other):
     # llguidance bounds the keys only when every listed one is required
     schema = {**POINT, "required": ["x", "y"], **other}
-    assert closed_objects(schema) == schema
+    assert generation_schema(schema) == schema
     if "unevaluatedProperties" not in other:  # llguidance does not implement it
         assert _accepts(schema, '{"x": 1, "y": 2, "z": 3}')
 
@@ -106,19 +107,32 @@ def test_intersections_not_merged_keep_the_spec_default():
                     "required": ["kind"],
                     "anyOf": [{"properties": {"r": {"type": "integer"}}, "required": ["r"]},
                               {"properties": {"s": {"type": "integer"}}, "required": ["s"]}]}
-    assert closed_objects(beside_anyof) == beside_anyof
+    assert generation_schema(beside_anyof) == beside_anyof
     _check(beside_anyof, ['{"kind": "c", "r": 1}', '{"kind": "s", "s": 2}'], [])
     mixed_allof = {"allOf": [POINT, {"anyOf": [{"required": ["y"]}]}]}
-    assert closed_objects(mixed_allof) == mixed_allof
+    assert generation_schema(mixed_allof) == mixed_allof
     _check(mixed_allof, ['{"x": 1, "y": 2}'], [])
 
 
 def test_unresolvable_references_leave_the_schema_as_given():
     schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}}
-    assert closed_objects(schema) is schema
+    assert generation_schema(schema) is schema
     looping = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
                "properties": {"v": {"$ref": "#/$defs/a"}}}
-    assert closed_objects(looping) is looping
+    assert generation_schema(looping) is looping
+
+
+def test_times_are_bounded_as_llama_cpp_writes_them():
+    when = {"type": "object", "required": ["at", "t"], "additionalProperties": False,
+            "properties": {"at": {"type": "string", "format": "date-time"},
+                           "t": {"type": "string", "format": "time"}}}
+    _check(when, ['{"at": "2024-01-31T23:59:59.999+01:00", "t": "23:59:59.999+01:00"}',
+                  '{"at": "2024-01-31T23:59:59Z", "t": "08:00:00Z"}'],
+           ['{"at": "2024-01-31T23:59:59.0000000000Z", "t": "08:00:00Z"}',
+            '{"at": "2024-01-31T23:59:59Z", "t": "08:00:00.000000000Z"}',
+            '{"at": "2024-02-30T23:59:59Z", "t": "08:00:00Z"}'])  # the format still holds
+    mine = {"type": "string", "format": "date-time", "maxLength": 40}
+    assert generation_schema(mine) == mine  # a length the schema gives is its own
 
 
 @pytest.mark.parametrize("depth", [80, 3000])
@@ -127,7 +141,7 @@ def test_a_deeply_nested_schema_is_a_clear_error(depth):
     schema = {"type": "integer"}
     for _ in range(depth):
         schema = {"type": "object", "properties": {"a": schema}}
-    assert closed_objects(schema) is not None  # no RecursionError out of the transform
+    assert generation_schema(schema) is not None  # no RecursionError out of the transform
     with pytest.raises(ConstraintError, match="cannot use this JSON schema"):
         ConstraintSpec("json_schema", schema).compile()
 
