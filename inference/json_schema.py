@@ -118,6 +118,8 @@ def _intersected(root, node, out=None, seen=None) -> set[int]:
 
 
 def _close(node, keep_open: set[int], root=None):
+    """A copy of `node` and its subschemas with times bounded and objects closed (unless their
+    id is in keep_open)."""
     if not isinstance(node, dict):
         return node
     root = node if root is None else root
@@ -131,8 +133,9 @@ def _close(node, keep_open: set[int], root=None):
     for key in _SCHEMA_LISTS:
         if isinstance(node.get(key), list):
             out[key] = [_close(v, keep_open, root) for v in node[key]]
-    if node.get("format") in FORMAT_MAX_LENGTH and "maxLength" not in node:
-        out["maxLength"] = FORMAT_MAX_LENGTH[node["format"]]
+    bound = FORMAT_MAX_LENGTH.get(node.get("format"))
+    if bound and "maxLength" not in node and _number(node.get("minLength", 0)) <= bound:
+        out["maxLength"] = bound
     if id(node) in keep_open or any(k in node for k in _OTHER_KEYS):
         return out
     names = _merged_keys(root, node)
@@ -160,6 +163,10 @@ def _merged_keys(root, node) -> list[str] | None:
     if not isinstance(node.get("properties"), dict) or any(k in node for k in _COMBINERS):
         return None
     return _keys(node)
+
+
+def _number(value) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 def _keys(node) -> list[str]:

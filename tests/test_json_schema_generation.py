@@ -133,6 +133,8 @@ def test_times_are_bounded_as_llama_cpp_writes_them():
             '{"at": "2024-02-30T23:59:59Z", "t": "08:00:00Z"}'])  # the format still holds
     mine = {"type": "string", "format": "date-time", "maxLength": 40}
     assert generation_schema(mine) == mine  # a length the schema gives is its own
+    long = {"type": "string", "format": "time", "minLength": 20}
+    assert generation_schema(long) == long  # never a bound below the schema's minimum
 
 
 @pytest.mark.parametrize("depth", [80, 3000])
