@@ -57,7 +57,10 @@ def saved(home):
 
 
 async def type_and_send(pilot, text):
-    pilot.app.chat.query_one("#prompt", Input).value = text
+    prompt = pilot.app.chat.query_one("#prompt", Input)
+    prompt.focus()  # Enter goes to the focused widget: never let it land elsewhere
+    prompt.value = text
+    await pilot.pause()
     await pilot.press("enter")
 
 
