@@ -257,8 +257,9 @@ def main() -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.url:
         url = args.url.rstrip("/")
+        bias = eog_bias(url, headers)
         for _ in range(args.rounds):
-            measure("server", url, args, headers, eog_bias(url, headers))
+            measure("server", url, args, headers, bias)
         return 0
     if not args.model:
         p.error("give -m MODEL (or --url)")

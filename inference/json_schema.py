@@ -101,19 +101,20 @@ def _intersected(root, node, out=None, seen=None) -> set[int]:
     if not isinstance(node, dict) or id(node) in seen:
         return out
     seen.add(id(node))
+    target = _resolve(root, {"$ref": node["$ref"]}) if "$ref" in node else None
     partners = list(node.get("allOf") or [])
     if "properties" in node or "required" in node:
         partners += list(node.get("anyOf") or []) + list(node.get("oneOf") or [])
         partners += [node[k] for k in ("if", "then", "else") if k in node]
-        if "$ref" in node:
-            partners.append(_resolve(root, {"$ref": node["$ref"]}))
+        if target is not None:
+            partners.append(target)
     for partner in partners:
         out.add(id(partner))
         out.add(id(_resolve(root, partner)))
     for child in _subschemas(node):
         _intersected(root, child, out, seen)
-    if "$ref" in node:
-        _intersected(root, _resolve(root, {"$ref": node["$ref"]}), out, seen)
+    if target is not None:
+        _intersected(root, target, out, seen)
     return out
 
 

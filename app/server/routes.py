@@ -46,12 +46,18 @@ async def read_json(request: Request) -> dict:
                        "(--timeout)") from None
     if len(body) > MAX_BODY:
         raise APIError(f"the request body is {len(body)} bytes; at most {MAX_BODY} are read")
+    try:  # Python's JSON parser and writer recurse: a hostile body can nest past their limit
+        return _json_object(body)
+    except RecursionError:
+        raise APIError("the request body nests too deeply to be read") from None
+
+
+def _json_object(body: bytes) -> dict:
+    """The body as a JSON object of text; APIError naming what is wrong with it."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise APIError(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise APIError("the request body nests too deeply to be read") from None
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, got {type(data).__name__}")
     try:  # JSON's \ud800 escapes can carry lone UTF-16 surrogates, which are not text
@@ -59,8 +65,6 @@ async def read_json(request: Request) -> dict:
     except UnicodeEncodeError as e:
         raise APIError(f"the request body holds a lone UTF-16 surrogate "
                        f"({e.object[e.start:e.end]!a}), which is not text") from None
-    except RecursionError:
-        raise APIError("the request body nests too deeply to be read") from None
     return data
 
 
