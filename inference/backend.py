@@ -27,7 +27,7 @@ import numpy as np
 from . import ops
 from .catalog import GGML_TYPES
 from .kv_cache import HostKVStore
-from .matmul import embedding_rows, matmul, matmul_id
+from .matmul import embedding_rows, matmul, matmul_id, packed_weight
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -63,11 +63,14 @@ class QWeight:
     """A weight matrix as stored in the GGUF file: `type` (ggml name), `rows` (uint8, one row of
     blocks per output: (n_out, row_bytes), zero-copy), `n_out`, `n_in`."""
 
-    __slots__ = ("name", "type", "rows", "n_out", "n_in")
+    __slots__ = ("name", "type", "rows", "n_out", "n_in", "packed")
 
     def __init__(self, name: str, type_name: str, rows: np.ndarray, n_out: int, n_in: int):
         self.name, self.type, self.rows = name, type_name, rows
         self.n_out, self.n_in = int(n_out), int(n_in)
+        # the CPU's interleaved copy for matmul (matmul.packed_weight), made at the first product
+        # (a tensor only looked up, as an untied token embedding, is never copied); False: none
+        self.packed = None
 
     @classmethod
     def from_tensor(cls, tensor) -> "QWeight":
@@ -126,6 +129,10 @@ class KQMask:
 
     def dense(self) -> np.ndarray:
         return self.ctx.mask(self.n_swa)
+
+    def order(self) -> np.ndarray:
+        """The cells [0, n_kv) by position: the order a token's cells are summed in."""
+        return self.ctx.cell_order()
 
     def __array__(self, dtype=None, copy=None):
         m = self.dense()
@@ -283,7 +290,9 @@ class CPUBackend(Backend):
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != w.n_in:
             raise ValueError(f"matmul {w}: input of shape {x.shape}")
-        return matmul(w.type, w.rows, x)
+        if w.packed is None:
+            w.packed = packed_weight(w.type, w.rows) or False
+        return matmul(w.type, w.rows, x, packed=w.packed or None)
 
     def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """x (n, n_in) or (n, n_used, n_in) times the experts `ids` (n, n_used) chose:
@@ -324,9 +333,11 @@ class CPUBackend(Backend):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
         k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
         itself (float32)."""
+        order = None
         if isinstance(mask, KQMask):
-            mask = mask.dense()
-        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap)
+            mask, order = mask.dense(), mask.order()
+        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap,
+                             order)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)

@@ -56,12 +56,13 @@ import threading
 
 import numpy as np
 
-from . import matmul_int8
+from . import matmul_int8, matmul_packed
 from .catalog import GGML_TYPES
 from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
 from .matmul_simd import HAS_AVX512_BF16, HAS_INT8_DOT
 
 __all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types", "int8_decode",
+           "packed_weight",
            "DECODE_MAX_TOKENS", "BATCH_DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES",
            "PARALLEL_MIN_FLOPS", "PARALLEL_MIN_VALUES"]
 
@@ -207,12 +208,26 @@ def _gemm_bf16(x16: np.ndarray, tile: np.ndarray, out: np.ndarray, r0: int) -> N
     gemm_bf16(x16, t16, out, r0, 2 * x16.shape[0] * tile.size < PARALLEL_MIN_FLOPS)
 
 
-def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
+def packed_weight(type_name: str, weight: np.ndarray) -> matmul_packed.PackedWeight | None:
+    """`weight`'s rows interleaved for the packed 8-bit kernels (`matmul_packed`), where the CPU
+    has them (USE_INT8) and they take its format and shape; else None. `matmul(..., packed=)`
+    then uses them for any number of tokens."""
+    w, k = _weight(type_name, weight)
+    if not USE_INT8 or not matmul_packed.packs(type_name, w.shape[0], k):
+        return None
+    return matmul_packed.pack(type_name, w)
+
+
+def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
+           packed: matmul_packed.PackedWeight | None = None) -> np.ndarray:
     """x @ W.T for a ggml-quantized weight: float32 (n_tokens, out_features).
 
     weight: uint8 (out_features, row_bytes), the raw rows of `type_name` blocks, C-contiguous.
     x: (n_tokens, in_features), converted to C-contiguous float32 if it is not; a 1-D x is one
     token and gives a 1-D result.
+    packed: `packed_weight(type_name, weight)`, kept by the caller: then every product (prompt,
+    batch or one token) runs the packed 8-bit kernels while USE_INT8 holds; each token's result
+    is then the same alone or in any batch.
     """
     w, k = _weight(type_name, weight)
     if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous \
@@ -225,6 +240,10 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"matmul: x of shape {x.shape} for a {type_name} weight with {k} "
                          f"in_features ({w.shape[1]} bytes a row)")
     n, n_out = x.shape[0], w.shape[0]
+    if packed is not None and USE_INT8:
+        # a token costs about a fourth of the first (the block is loaded once per 8 tokens)
+        out = matmul_packed.matmul(packed, x, packed.nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES)
+        return out[0] if squeeze else out
     batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % 32 == 0 and type_name != "F32"
     out = np.empty((-(-n // 4) * 4 if batch else n, n_out), np.float32)  # whole tiles of 4
     if n == 0 or n_out == 0:

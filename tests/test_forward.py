@@ -119,7 +119,8 @@ def test_incremental_decoding_equals_one_batch(which, precision, request, monkey
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_cache_types_stay_close(which, request):
+def test_cache_types_stay_close(which, request, float32_products):
+    # float32 products: the cache's own rounding, not 8-bit activations amplifying it
     path = request.getfixturevalue(f"{which}_path")
     golden = request.getfixturevalue(f"golden_{which}")
     ids = golden["greedy"][3]["prompt_ids"] + golden["greedy"][3]["tokens"][:10]

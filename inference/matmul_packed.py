@@ -1,0 +1,246 @@
+"""Row-interleaved 8-bit kernels: ggml's "repack" idea (ggml-cpu/repack.cpp, block_q4_0x8) for
+`llamatui.inference.matmul`, with one weight row per vector lane.
+
+Why: `matmul_int8` multiplies one row at a time, so every 64 values cost an unpack, an integer dot
+(vpdpbusd), a conversion and a scale multiply-add per token, about as many vector operations per
+multiply as the float32 batch tiles; a decode step of eight sequences gains nothing from it. Here
+the quantized bytes of 16 rows are interleaved once, when the model loads (`pack`): lane i of a
+vector holds 4 consecutive values of row i, so one vpdpbusd multiplies 4 values of 16 rows by the
+same 4 activation bytes (broadcast), eight of them in a row give a 32-value block's integer sums
+of all 16 rows, and the block's scales apply as one conversion and two multiply-adds on 16 lanes
+that are the 16 outputs themselves (no horizontal sums). Each block of 16 rows is loaded once per
+tile of up to 8 tokens: a product costs about 12 vector operations per 512 multiplies per token,
+where the float32 tiles take 32 fused multiply-adds.
+
+Every token is computed on its own, by the same operations in the same order whatever the tile
+or the other tokens (integer sums are exact and the float steps are not reassociated): a token's
+result does not depend on its company, so the scheduler can batch any requests without changing
+what any of them samples (the discontinuity of 8-bit activations that `matmul.int8_decode` guards
+against is then the same in every batch).
+
+Formats (rows a multiple of 32 values, a multiple of 16 rows): Q4_0, Q4_1, Q8_0. Per group of 16
+rows and block b the packed bytes are: the quantized values as 16-lane vectors (Q4_*: 4 vectors
+of 64 bytes, lane i = bytes 4p..4p+3 of row i's qs, low nibbles values 4p.., high nibbles
+16 + 4p..; Q8_0: 8 vectors, lane i = values 4j..4j+3 of row i, sign bit flipped to unsigned),
+then the 16 rows' scales d (halves), then (Q4_1) their mins m. The activations are quantized as
+`matmul_int8.quantize_activations` does (Q8_0 blocks of 32, with their scaled sums `xs32`); the
+offsets of Q4_0 (-8) and Q8_0 (-128 after the flip) and Q4_1's mins go through those sums.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from .matmul_int8 import quantize_activations
+from .matmul_kernels import _serial_begin, _serial_end
+from .matmul_simd import (
+    ld, ld_u32, prefetch, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand, vibcast, vishr, vizero, vmul,
+    vstore, vzero,
+)
+
+GROUP = 16  # rows interleaved, one per lane
+QK = 32  # values per block (all three formats)
+# bytes ahead of the block being multiplied that are asked into the caches: a decode step
+# streams the whole model from memory, and the multiplies of a tile of tokens and the loads of
+# the next blocks then overlap
+PREFETCH = 2048
+_JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
+
+
+class PackedWeight(NamedTuple):
+    """A matrix's rows interleaved by `pack`: data uint8 (n_out / 16, blocks per row, group block
+    bytes)."""
+    type_name: str
+    data: np.ndarray
+    n_out: int
+    n_in: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+# ================================================================== packing (numpy, at load)
+
+def _words(qs: np.ndarray, n_words: int) -> np.ndarray:
+    """qs uint8 (n_out, nb, 4 * n_words) -> (groups, nb, n_words * 16 * 4): word p of the 16 rows
+    of a group one after the other (lane i = row i)."""
+    n_out, nb = qs.shape[:2]
+    w = qs.reshape(n_out // GROUP, GROUP, nb, n_words, 4)
+    return w.transpose(0, 2, 3, 1, 4).reshape(n_out // GROUP, nb, n_words * GROUP * 4)
+
+
+def _halves(rows: np.ndarray, at: int) -> np.ndarray:
+    """the half at byte `at` of every block: (groups, nb, 16 * 2), row i's at bytes 2i, 2i + 1"""
+    n_out, nb = rows.shape[:2]
+    h = rows[:, :, at:at + 2].reshape(n_out // GROUP, GROUP, nb, 2)
+    return h.transpose(0, 2, 1, 3).reshape(n_out // GROUP, nb, GROUP * 2)
+
+
+def _pack_q4_0(rows):
+    return [_words(rows[:, :, 2:18], 4), _halves(rows, 0)]
+
+
+def _pack_q4_1(rows):
+    return [_words(rows[:, :, 4:20], 4), _halves(rows, 0), _halves(rows, 2)]
+
+
+def _pack_q8_0(rows):
+    return [_words(rows[:, :, 2:34] ^ np.uint8(0x80), 8), _halves(rows, 0)]
+
+
+_PACKERS = {"Q4_0": (18, _pack_q4_0), "Q4_1": (20, _pack_q4_1), "Q8_0": (34, _pack_q8_0)}
+
+
+def packs(type_name: str, n_out: int, n_in: int) -> bool:
+    """Whether `pack` takes a matrix of this format and shape."""
+    return type_name in _PACKERS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
+
+
+def pack(type_name: str, weight: np.ndarray) -> PackedWeight:
+    """The rows of a ggml matrix (uint8 (n_out, row_bytes)) interleaved for the kernels below."""
+    type_size, packer = _PACKERS[type_name]
+    n_out, row_bytes = weight.shape
+    nb = row_bytes // type_size
+    if not packs(type_name, n_out, nb * QK) or row_bytes % type_size:
+        raise ValueError(f"{type_name} {weight.shape} cannot be packed")
+    rows = np.asarray(weight).reshape(n_out, nb, type_size)
+    data = np.concatenate(packer(rows), axis=2)
+    data.flags.writeable = False  # one compiled signature, as the file's rows
+    return PackedWeight(type_name, data, n_out, nb * QK)
+
+
+# ================================================================== one token, one block
+
+@njit(inline="always")
+def _sums_q4(wp, o, xq, xo):
+    """integer sums of a block of 16 Q4 rows times a token's 32 activation bytes"""
+    m4 = vibcast(0x0F0F0F0F)
+    s = vizero()
+    for p in range(4):
+        z = vbytes(wp, o + 64 * p)
+        s = vdpbusd(s, viand(z, m4), vibcast(ld_u32(xq, xo + 4 * p)))
+        s = vdpbusd(s, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 16 + 4 * p)))
+    return s
+
+
+@njit(inline="always")
+def _sums_q8(wp, o, xq, xo):
+    s = vizero()
+    for j in range(8):
+        s = vdpbusd(s, vbytes(wp, o + 64 * j), vibcast(ld_u32(xq, xo + 4 * j)))
+    return s
+
+
+@njit(inline="always")
+def _block_q4_0(wp, o, xq, xo, xd, xs32, bi, acc):
+    d = vf16(wp, o + 256)
+    acc = vfma(vcvt(_sums_q4(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    return vfma(d, vbcast(ld(xs32, bi) * np.float32(-8)), acc)
+
+
+@njit(inline="always")
+def _block_q4_1(wp, o, xq, xo, xd, xs32, bi, acc):
+    d = vf16(wp, o + 256)
+    acc = vfma(vcvt(_sums_q4(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    return vfma(vf16(wp, o + 288), vbcast(ld(xs32, bi)), acc)
+
+
+@njit(inline="always")
+def _block_q8_0(wp, o, xq, xo, xd, xs32, bi, acc):
+    d = vf16(wp, o + 512)
+    acc = vfma(vcvt(_sums_q8(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    return vfma(d, vbcast(ld(xs32, bi) * np.float32(-128)), acc)
+
+
+# ================================================================== kernels
+
+@njit(inline="always")
+def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
+    """out[t..t+7, 16g..16g+15]: 8 tokens, each block of the group loaded once for all 8"""
+    a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
+    a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
+    o = g * nb * GB
+    for b in range(nb):
+        for p in range(0, GB, 64):
+            prefetch(wp, o + PREFETCH + p)
+        xo = t * k + b * QK
+        bi = t * nb + b
+        a0 = block(wp, o, xq, xo, xd, xs32, bi, a0)
+        a1 = block(wp, o, xq, xo + k, xd, xs32, bi + nb, a1)
+        a2 = block(wp, o, xq, xo + 2 * k, xd, xs32, bi + 2 * nb, a2)
+        a3 = block(wp, o, xq, xo + 3 * k, xd, xs32, bi + 3 * nb, a3)
+        a4 = block(wp, o, xq, xo + 4 * k, xd, xs32, bi + 4 * nb, a4)
+        a5 = block(wp, o, xq, xo + 5 * k, xd, xs32, bi + 5 * nb, a5)
+        a6 = block(wp, o, xq, xo + 6 * k, xd, xs32, bi + 6 * nb, a6)
+        a7 = block(wp, o, xq, xo + 7 * k, xd, xs32, bi + 7 * nb, a7)
+        o += GB
+    r = GROUP * g
+    vstore(out, t * N + r, a0)
+    vstore(out, (t + 1) * N + r, a1)
+    vstore(out, (t + 2) * N + r, a2)
+    vstore(out, (t + 3) * N + r, a3)
+    vstore(out, (t + 4) * N + r, a4)
+    vstore(out, (t + 5) * N + r, a5)
+    vstore(out, (t + 6) * N + r, a6)
+    vstore(out, (t + 7) * N + r, a7)
+
+
+@njit(inline="always")
+def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
+    """out[t, 16g..16g+15]: one token (the same operations as each of _tile8's)"""
+    a = vzero()
+    o = g * nb * GB
+    for b in range(nb):
+        for p in range(0, GB, 64):
+            prefetch(wp, o + PREFETCH + p)
+        a = block(wp, o, xq, t * k + b * QK, xd, xs32, t * nb + b, a)
+        o += GB
+    vstore(out, t * N + GROUP * g, a)
+
+
+@njit(inline="always")
+def _matmul(wp, x, out, serial, block):
+    """out (n, n_out) = x (n, k) @ W.T, parallel over groups of 16 rows unless `serial`"""
+    threads = _serial_begin(serial)
+    n_groups, nb, GB = wp.shape
+    n, k = x.shape
+    N = out.shape[1]
+    xq, xd, _, xs32 = quantize_activations(x, QK)
+    for g in prange(n_groups):
+        t = 0
+        while t + 8 <= n:
+            _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N)
+            t += 8
+        while t < n:
+            _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N)
+            t += 1
+    _serial_end(serial, threads)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q4_0(wp, x, out, serial):
+    _matmul(wp, x, out, serial, _block_q4_0)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q4_1(wp, x, out, serial):
+    _matmul(wp, x, out, serial, _block_q4_1)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q8_0(wp, x, out, serial):
+    _matmul(wp, x, out, serial, _block_q8_0)
+
+
+KERNELS = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q8_0": matmul_q8_0}
+
+
+def matmul(packed: PackedWeight, x: np.ndarray, serial: bool) -> np.ndarray:
+    """x (n, n_in) float32 C-contiguous @ W.T: float32 (n, n_out)."""
+    out = np.empty((x.shape[0], packed.n_out), np.float32)
+    if x.shape[0]:
+        KERNELS[packed.type_name](packed.data, x, out, serial)
+    return out

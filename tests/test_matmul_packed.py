@@ -1,0 +1,115 @@
+"""The row-interleaved 8-bit kernels (llamatui.inference.matmul_packed): 16 rows packed into the
+lanes of a vector at load, multiplied into activations quantized as ggml quantizes them. A
+product must equal the float64 product of the dequantized weights (gguf-py) and the dequantized
+activations up to float32 rounding, stay within the activations' 8-bit rounding of the exact
+product, and give each token the very same result alone or in any batch (the scheduler relies
+on it: a request's text must not depend on the requests that share its steps).
+"""
+import numpy as np
+import pytest
+
+import llamatui.inference.matmul as mm
+from llamatui.inference import matmul_packed
+from llamatui.inference import matmul_simd as simd
+from llamatui.inference.backend import CPUBackend, QWeight
+from llamatui.inference.gguf import GGUFFile
+from test_matmul import RTOL, reference
+from test_matmul_int8 import ROUNDING, rounded
+
+PACKED_TYPES = tuple(matmul_packed.KERNELS)
+
+pytestmark = pytest.mark.skipif(not simd.HAS_INT8_DOT,
+                                reason="no AVX512-VNNI / AVX-VNNI: no packed kernels")
+
+
+@pytest.fixture(autouse=True)
+def int8_products(monkeypatch):
+    monkeypatch.setattr(mm, "USE_INT8", True)
+
+
+@pytest.fixture(scope="module")
+def vectors(golden_dir):
+    """llama.cpp's quantized rows, the first 32 (two groups of 16)"""
+    with np.load(golden_dir / "quant_vectors.npz") as z:
+        return {key: np.ascontiguousarray(z[key][:32]) for key in z.files}
+
+
+def check(type_name, raw, W, x):
+    packed = mm.packed_weight(type_name, raw)
+    assert packed is not None
+    got = mm.matmul(type_name, raw, x, packed=packed)
+    scale = np.abs(x.astype(np.float64)) @ np.abs(W).T + 1e-30
+    err = np.abs(got - rounded(x, 32) @ W.T) / scale
+    assert err.max() <= RTOL, f"{type_name}: {err.max():.2e} off the product with 8-bit activations"
+    err = np.abs(got - x.astype(np.float64) @ W.T) / scale
+    assert err.max() <= ROUNDING, f"{type_name}: {err.max():.2e} off the exact product"
+    return got
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+@pytest.mark.parametrize("n_tokens", [1, 3, 8, 13])
+def test_golden_vectors(vectors, type_name, n_tokens):
+    rng = np.random.default_rng(n_tokens)
+    for key in (type_name, type_name + "_imatrix"):
+        raw = vectors[key]
+        x = rng.standard_normal((n_tokens, raw.shape[1] // mm._GEOMETRY[type_name][1] * 32))
+        check(type_name, raw, reference(type_name, raw), x.astype(np.float32))
+
+
+@pytest.mark.parametrize("fixture,name", [("smollm2_path", "blk.0.ffn_gate.weight"),
+                                          ("smollm2_path", "blk.3.ffn_down.weight"),
+                                          ("gemma3_path", "blk.0.attn_v.weight")])
+def test_model_tensors(request, fixture, name):
+    with GGUFFile.open(request.getfixturevalue(fixture)) as f:
+        t = f.tensors[name]
+        W = reference(t.type, t.rows)
+        x = np.random.default_rng(2).standard_normal((9, W.shape[1])).astype(np.float32)
+        check(t.type, t.rows, W, x)
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+def test_a_token_gets_the_same_result_in_any_batch(vectors, type_name):
+    """bit for bit: alone, first or last of a tile of 8, in the tail after the tiles"""
+    raw = vectors[type_name]
+    packed = mm.packed_weight(type_name, raw)
+    k = packed.n_in
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((20, k)).astype(np.float32)
+    alone = np.stack([mm.matmul(type_name, raw, x[i:i + 1], packed=packed)[0] for i in range(20)])
+    for lo, hi in ((0, 20), (3, 20), (5, 9), (0, 8), (7, 16)):
+        batch = mm.matmul(type_name, raw, x[lo:hi], packed=packed)
+        assert np.array_equal(batch, alone[lo:hi]), (lo, hi)
+    assert np.array_equal(mm.matmul(type_name, raw, x[4], packed=packed), alone[4])  # 1-D x
+
+
+def test_what_packs(vectors):
+    raw = vectors["Q4_1"]
+    assert mm.packed_weight("Q4_1", raw) is not None
+    assert mm.packed_weight("Q4_1", np.ascontiguousarray(raw[:24])) is None  # rows % 16
+    assert mm.packed_weight("Q4_K", vectors["Q4_K"]) is None  # no packed kernel
+    with pytest.raises(ValueError, match="cannot be packed"):
+        matmul_packed.pack("Q4_1", np.ascontiguousarray(raw[:24]))
+
+
+def test_no_packed_kernels_without_int8(vectors, monkeypatch):
+    """LLAMATUI_INT8=0 (USE_INT8 False): nothing packed, and a packed weight made before is not
+    used (the float32 kernels answer)"""
+    raw = vectors["Q8_0"]
+    packed = mm.packed_weight("Q8_0", raw)
+    monkeypatch.setattr(mm, "USE_INT8", False)
+    assert mm.packed_weight("Q8_0", raw) is None
+    x = np.random.default_rng(8).standard_normal((2, packed.n_in)).astype(np.float32)
+    assert np.array_equal(mm.matmul("Q8_0", raw, x, packed=packed), mm.matmul("Q8_0", raw, x))
+
+
+def test_the_backend_packs_a_matrix_at_its_first_product(smollm2_path):
+    with GGUFFile.open(smollm2_path) as f:
+        be = CPUBackend()
+        w = be.weight(f.tensors["blk.1.attn_q.weight"])
+        embd = be.weight(f.tensors["token_embd.weight"])
+        be.get_rows(embd, np.array([5, 9]))
+        assert isinstance(w, QWeight) and w.packed is None and embd.packed is None  # lookups only
+        x = np.random.default_rng(9).standard_normal((2, w.n_in)).astype(np.float32)
+        got = be.matmul(w, x)
+        assert w.packed and w.packed.type_name == "Q4_1"
+        assert np.array_equal(got, matmul_packed.matmul(w.packed, x, True))
