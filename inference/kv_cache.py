@@ -189,6 +189,12 @@ class KVCache:
         positions ≤ its own, and within `n_swa` positions when n_swa > 0."""
         return ops.build_kq_mask(self.pos, self.seq, positions, seq_ids, n_kv, n_swa)
 
+    def cell_order(self, n_kv: int) -> np.ndarray:
+        """Cells [0, n_kv) by position (int64): the order attention visits a token's cells in,
+        so that its sums do not depend on where the cache put them (a request's cells sit
+        wherever other requests left room)."""
+        return np.argsort(self.pos[:n_kv], kind="stable")
+
     # ------------------------------------------------------------------ K / V rows
 
     def write(self, il: int, cells: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:

@@ -161,6 +161,13 @@ class ForwardContext:
                                                   n_swa)
         return m
 
+    def cell_order(self) -> np.ndarray:
+        """The cache's cells [0, n_kv) by position (KVCache.cell_order), once per batch."""
+        order = self._masks.get("order")
+        if order is None:
+            order = self._masks["order"] = self.kv.cell_order(self.n_kv)
+        return order
+
     def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
         attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v); softcap > 0

@@ -303,11 +303,13 @@ _ATTN_SCORE_BUDGET = 8 << 20
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-              scale: float, softcap: float = 0.0) -> np.ndarray:
+              scale: float, softcap: float = 0.0, order: np.ndarray | None = None) -> np.ndarray:
     """q (n, n_head, d_k) float32; k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v) as float32
     or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv); softcap > 0:
-    the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2).
-    Returns float32 (n, n_head * d_v)."""
+    the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2); order: the
+    cells in the order a token's sums visit them (the cache's cells by position: a token's
+    result is then the same wherever its cells are and whatever else the batch holds; default:
+    cell order). Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
     if k.shape != (n_kv, n_head_kv, d_k) or mask.shape != (n, n_kv):
@@ -326,7 +328,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
         if d_k % 16 or d_v % 16 or (k2.dtype == np.uint16 and not HAS_HW_FP16):
             _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), cap, out)
         else:
+            if order is None:
+                order = np.arange(n_kv, dtype=np.int64)
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask,
+                              np.ascontiguousarray(order, dtype=np.int64),
                               np.float32(scale), cap, ATTN_DECODE_CELLS, out,
                               n * n_kv * n_head * (d_k + d_v) < 1 << 16)
         return out.reshape(n, n_head * d_v)
@@ -478,10 +483,11 @@ def _scores16(q, qo, k, ko, cells, m, d_k, s, so):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _visible_cells(mask, t, cells):
-    """cells[:m] = the cells token t may see (mask above -inf), in order; returns m."""
+def _visible_cells(mask, order, t, cells):
+    """cells[:m] = the cells token t may see (mask above -inf), in `order`; returns m."""
     m = 0
-    for j in range(mask.shape[1]):
+    for i in range(mask.shape[1]):
+        j = order[i]
         if mask[t, j] != -np.inf:
             cells[m] = j
             m += 1
@@ -523,7 +529,7 @@ def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
-def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, piece, out, serial):
+def _attention_decode(q, k, v, n_head_kv, mask, order, scale, softcap, piece, out, serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Only the cells a token can see are visited, listed first (in a batch of
     # several sequences each token sees its own sequence's cells alone, scattered over the
@@ -539,7 +545,7 @@ def _attention_decode(q, k, v, n_head_kv, mask, scale, softcap, piece, out, seri
     visible = np.empty((n, n_kv), np.int32)
     counts = np.empty(n, np.int64)
     for t in numba.prange(n):
-        counts[t] = _visible_cells(mask, t, visible[t])
+        counts[t] = _visible_cells(mask, order, t, visible[t])
     n_pieces = max(1, (counts.max() + piece - 1) // piece)
     items = n * n_head_kv * n_pieces
     part_m = np.empty((items, grp), np.float32)

@@ -12,6 +12,7 @@ import pytest
 
 from llamatui.inference import (ContextFullError, Engine, EngineBusyError, EngineClosedError,
                                 NonFiniteLogitsError, QueueFullError, SamplingParams)
+from llamatui.inference.matmul_simd import HAS_INT8_DOT
 from llamatui.inference.scheduler import SlotState
 
 
@@ -63,6 +64,40 @@ def test_sampled_requests_keep_their_own_seeds(engine):
     assert texts[0] == texts[1] == texts[2]
     again, _ = _run(engine.scheduler, [p], **kw, seed=5)
     assert again[0] == texts[0]
+
+
+@pytest.mark.skipif(not HAS_INT8_DOT, reason="no packed 8-bit kernels on this CPU")
+def test_a_request_samples_the_same_whatever_shares_its_steps(engine):
+    """SmolLM2's matrices are all packed (Q4_1, Q8_0: matmul_packed), which compute every token on
+    its own: a seeded request gets the very same tokens and log-probs alone, batched with other
+    requests, and while another request's prompt is processed in its steps (batches of at most
+    16 tokens here, so attention takes the per-token kernel throughout)."""
+    sched = engine.scheduler
+    p = engine.tokenize("Once upon a time")
+    kw = dict(temperature=0.9, seed=11, max_tokens=20)
+
+    def forget():
+        for slot in sched.slots:
+            slot.tokens.clear()
+
+    def trace(events):
+        return [(e.token_id, e.logprob) for e in _tokens(events)]
+
+    forget()
+    alone = trace(_run(sched, [p], n_probs=1, **kw)[1][0])
+    forget()
+    got = queue.SimpleQueue()
+    sched.add_request(p, SamplingParams(**kw), got.put, n_probs=1)
+    for text in ("Roses are red,", "Hi"):  # with A's prompt: 11 tokens in one step
+        sched.add_request(engine.tokenize(text), SamplingParams(seed=3, max_tokens=30), lambda e: None)
+    for _ in range(6):
+        sched.step()
+    late = sched.add_request(engine.tokenize("The quick brown fox jumps over"),
+                             SamplingParams(max_tokens=4), lambda e: None)
+    while sched.has_work():
+        sched.step()
+    assert late.done.is_set()
+    assert trace([got.get() for _ in range(got.qsize())]) == alone
 
 
 def test_new_request_reuses_the_slot_with_the_longest_prefix(engine):
