@@ -130,9 +130,9 @@ class KQMask:
     def dense(self) -> np.ndarray:
         return self.ctx.mask(self.n_swa)
 
-    def order(self) -> np.ndarray:
-        """The cells [0, n_kv) by position: the order a token's cells are summed in."""
-        return self.ctx.cell_order()
+    def cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's visible cells, by position (ForwardContext.visible_cells)."""
+        return self.ctx.visible_cells(self.n_swa)
 
     def __array__(self, dtype=None, copy=None):
         m = self.dense()
@@ -333,11 +333,13 @@ class CPUBackend(Backend):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
         k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
         itself (float32)."""
-        order = None
+        cells = None
         if isinstance(mask, KQMask):
-            mask, order = mask.dense(), mask.order()
+            if len(q) <= ops.ATTN_FUSED_MAX_TOKENS:
+                cells = mask.cells()
+            mask = mask.dense()
         return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap,
-                             order)
+                             cells=cells)
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)

@@ -36,16 +36,12 @@ from numba import njit, prange
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
 from .matmul_simd import (
-    ld, ld_u32, prefetch, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand, vibcast, vishr, vizero, vmul,
+    ld, ld_u32, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand, vibcast, vishr, vizero, vmul,
     vstore, vzero,
 )
 
 GROUP = 16  # rows interleaved, one per lane
 QK = 32  # values per block (all three formats)
-# bytes ahead of the block being multiplied that are asked into the caches: a decode step
-# streams the whole model from memory, and the multiplies of a tile of tokens and the loads of
-# the next blocks then overlap
-PREFETCH = 2048
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
 
 
@@ -164,8 +160,6 @@ def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
     a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
     o = g * nb * GB
     for b in range(nb):
-        for p in range(0, GB, 64):
-            prefetch(wp, o + PREFETCH + p)
         xo = t * k + b * QK
         bi = t * nb + b
         a0 = block(wp, o, xq, xo, xd, xs32, bi, a0)
@@ -194,8 +188,6 @@ def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
     a = vzero()
     o = g * nb * GB
     for b in range(nb):
-        for p in range(0, GB, 64):
-            prefetch(wp, o + PREFETCH + p)
         a = block(wp, o, xq, t * k + b * QK, xd, xs32, t * nb + b, a)
         o += GB
     vstore(out, t * N + GROUP * g, a)

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import ops
 from .archs.base import Architecture, WeightLoader
 from .backend import CPUBackend, KQMask
 from .catalog import UnsupportedArchitectureError, get_arch
@@ -161,12 +162,16 @@ class ForwardContext:
                                                   n_swa)
         return m
 
-    def cell_order(self) -> np.ndarray:
-        """The cache's cells [0, n_kv) by position (KVCache.cell_order), once per batch."""
-        order = self._masks.get("order")
-        if order is None:
-            order = self._masks["order"] = self.kv.cell_order(self.n_kv)
-        return order
+    def visible_cells(self, n_swa: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's visible cells in position order (ops.visible_cells), once per batch and
+        window: the order a token's attention sums visit them, so that its result does not
+        depend on where the cache put its cells (wherever other requests left room)."""
+        key = ("cells", n_swa)
+        cells = self._masks.get(key)
+        if cells is None:
+            cells = self._masks[key] = ops.visible_cells(self.mask(n_swa),
+                                                         self.kv.cell_order(self.n_kv))
+        return cells
 
     def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then

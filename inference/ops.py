@@ -303,13 +303,15 @@ _ATTN_SCORE_BUDGET = 8 << 20
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
-              scale: float, softcap: float = 0.0, order: np.ndarray | None = None) -> np.ndarray:
+              scale: float, softcap: float = 0.0,
+              cells: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """q (n, n_head, d_k) float32; k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v) as float32
     or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv); softcap > 0:
-    the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2); order: the
-    cells in the order a token's sums visit them (the cache's cells by position: a token's
-    result is then the same wherever its cells are and whatever else the batch holds; default:
-    cell order). Returns float32 (n, n_head * d_v)."""
+    the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2). cells:
+    each token's visible cells in the order its sums visit them (`visible_cells`; the forward
+    pass lists them once per batch, by position, so that a token's result does not depend on
+    where the cache put its cells); default: the mask's, in cell order.
+    Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
     if k.shape != (n_kv, n_head_kv, d_k) or mask.shape != (n, n_kv):
@@ -328,11 +330,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
         if d_k % 16 or d_v % 16 or (k2.dtype == np.uint16 and not HAS_HW_FP16):
             _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), cap, out)
         else:
-            if order is None:
-                order = np.arange(n_kv, dtype=np.int64)
-            _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask,
-                              np.ascontiguousarray(order, dtype=np.int64),
-                              np.float32(scale), cap, ATTN_DECODE_CELLS, out,
+            visible, counts = cells if cells is not None else visible_cells(mask)
+            _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask, visible,
+                              counts, np.float32(scale), cap, ATTN_DECODE_CELLS, out,
                               n * n_kv * n_head * (d_k + d_v) < 1 << 16)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
@@ -482,16 +482,30 @@ def _scores16(q, qo, k, ko, cells, m, d_k, s, so):
                             a15))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _visible_cells(mask, order, t, cells):
-    """cells[:m] = the cells token t may see (mask above -inf), in `order`; returns m."""
-    m = 0
-    for i in range(mask.shape[1]):
-        j = order[i]
-        if mask[t, j] != -np.inf:
-            cells[m] = j
-            m += 1
-    return m
+def visible_cells(mask: np.ndarray, order: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(visible int32 (n, n_kv), counts int64 (n,)): visible[t, :counts[t]] are the cells token t
+    may see (mask above -inf), in `order` (default: cell order). The same for every layer of a
+    batch: the forward pass lists them once (KQMask.cells)."""
+    mask = np.ascontiguousarray(mask, dtype=np.float32)
+    if order is None:
+        order = np.arange(mask.shape[1], dtype=np.int64)
+    visible = np.empty(mask.shape, np.int32)
+    counts = np.empty(mask.shape[0], np.int64)
+    _visible_cells(mask, np.ascontiguousarray(order, dtype=np.int64), visible, counts)
+    return visible, counts
+
+
+@numba.njit(cache=True, nogil=True)
+def _visible_cells(mask, order, visible, counts):
+    for t in range(mask.shape[0]):
+        m = 0
+        for i in range(mask.shape[1]):
+            j = order[i]
+            if mask[t, j] != -np.inf:
+                visible[t, m] = j
+                m += 1
+        counts[t] = m
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -529,7 +543,8 @@ def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
-def _attention_decode(q, k, v, n_head_kv, mask, order, scale, softcap, piece, out, serial):
+def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap, piece, out,
+                      serial):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Only the cells a token can see are visited, listed first (in a batch of
     # several sequences each token sees its own sequence's cells alone, scattered over the
@@ -542,10 +557,6 @@ def _attention_decode(q, k, v, n_head_kv, mask, order, scale, softcap, piece, ou
     d_v = out.shape[2]
     n_kv = mask.shape[1]
     grp = n_head // n_head_kv
-    visible = np.empty((n, n_kv), np.int32)
-    counts = np.empty(n, np.int64)
-    for t in numba.prange(n):
-        counts[t] = _visible_cells(mask, order, t, visible[t])
     n_pieces = max(1, (counts.max() + piece - 1) // piece)
     items = n * n_head_kv * n_pieces
     part_m = np.empty((items, grp), np.float32)
