@@ -26,6 +26,7 @@ import numpy as np
 
 from . import ops
 from .catalog import GGML_TYPES
+from .gguf import release_pages
 from .kv_cache import HostKVStore
 from .matmul import embedding_rows, matmul, matmul_id, packed_weight
 
@@ -292,6 +293,8 @@ class CPUBackend(Backend):
             raise ValueError(f"matmul {w}: input of shape {x.shape}")
         if w.packed is None:
             w.packed = packed_weight(w.type, w.rows) or False
+            if w.packed:
+                release_pages(w.rows)  # read once to pack: only the packed copy stays resident
         return matmul(w.type, w.rows, x, packed=w.packed or None)
 
     def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:

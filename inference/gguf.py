@@ -521,6 +521,29 @@ _INTEGER_TYPES = frozenset(t for t in _SCALAR_FORMATS
                                         GGUFValueType.BOOL))
 
 
+def release_pages(view: np.ndarray) -> int:
+    """Drops this process's resident pages of `view`, bytes of a GGUF file's read-only mapping
+    (madvise MADV_DONTNEED): they come back from the file when read again. For a tensor the
+    engine keeps in another form (matmul's packed copies), so that its bytes do not count twice.
+    Returns the bytes released; 0 for arrays not backed by a file mapping (read into memory:
+    there MADV_DONTNEED would zero them) or where the OS refuses (--mlock)."""
+    base = view
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
+    if base is None or base.closed or not hasattr(base, "madvise") or view.size == 0:
+        return 0
+    start = view.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
+    lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the view only
+    hi = (start + view.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi <= lo:
+        return 0
+    try:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    except (OSError, ValueError):
+        return 0
+    return hi - lo
+
+
 def split_path(prefix: str, split_no: int, split_count: int) -> str:
     """The file of shard `split_no` (0-based) of a split model: llama_split_path's
     `PREFIX-00001-of-00003.gguf`."""

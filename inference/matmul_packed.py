@@ -60,50 +60,63 @@ class PackedWeight(NamedTuple):
 
 # ================================================================== packing (numpy, at load)
 
-def _words(qs: np.ndarray, n_words: int) -> np.ndarray:
-    """qs uint8 (n_out, nb, 4 * n_words) -> (groups, nb, n_words * 16 * 4): word p of the 16 rows
-    of a group one after the other (lane i = row i)."""
-    n_out, nb = qs.shape[:2]
-    w = qs.reshape(n_out // GROUP, GROUP, nb, n_words, 4)
-    return w.transpose(0, 2, 3, 1, 4).reshape(n_out // GROUP, nb, n_words * GROUP * 4)
+def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
+    """a view of dst with `shape` (never a copy: writes must land in dst)"""
+    view = dst.view()
+    view.shape = shape
+    return view
 
 
-def _halves(rows: np.ndarray, at: int) -> np.ndarray:
-    """the half at byte `at` of every block: (groups, nb, 16 * 2), row i's at bytes 2i, 2i + 1"""
-    n_out, nb = rows.shape[:2]
-    h = rows[:, :, at:at + 2].reshape(n_out // GROUP, GROUP, nb, 2)
-    return h.transpose(0, 2, 1, 3).reshape(n_out // GROUP, nb, GROUP * 2)
+def _put_words(dst, qs, xor=0):
+    """dst (groups, nb, n_words * 64) <- word p of each row of a group one after the other (lane
+    i = row i); qs uint8 (n_out, nb, 4 * n_words), a block's quantized bytes"""
+    n_groups, nb, width = dst.shape
+    n_words = width // (4 * GROUP)
+    src = qs.reshape(n_groups, GROUP, nb, n_words, 4).transpose(0, 2, 3, 1, 4)
+    out = _shaped(dst, n_groups, nb, n_words, GROUP, 4)
+    if xor:
+        np.bitwise_xor(src, np.uint8(xor), out=out)
+    else:
+        out[...] = src
 
 
-def _pack_q4_0(rows):
-    return [_words(rows[:, :, 2:18], 4), _halves(rows, 0)]
+def _put_halves(dst, halves):
+    """dst (groups, nb, 32) <- the 16 rows' halves of each block (row i at bytes 2i, 2i + 1)"""
+    n_groups, nb = dst.shape[:2]
+    _shaped(dst, n_groups, nb, GROUP, 2)[...] = \
+        halves.reshape(n_groups, GROUP, nb, 2).transpose(0, 2, 1, 3)
 
 
-def _pack_q4_1(rows):
-    return [_words(rows[:, :, 4:20], 4), _halves(rows, 0), _halves(rows, 2)]
-
-
-def _pack_q8_0(rows):
-    return [_words(rows[:, :, 2:34] ^ np.uint8(0x80), 8), _halves(rows, 0)]
-
-
-_PACKERS = {"Q4_0": (18, _pack_q4_0), "Q4_1": (20, _pack_q4_1), "Q8_0": (34, _pack_q8_0)}
+# per format: block bytes, then (first byte, bytes) of what is packed, in order: the quantized
+# values (XORed with the last item's value when it is not 0), d, m
+_LAYOUTS = {
+    "Q4_0": (18, ((2, 16), (0, 2)), 0),
+    "Q4_1": (20, ((4, 16), (0, 2), (2, 2)), 0),
+    "Q8_0": (34, ((2, 32), (0, 2)), 0x80),  # signed values flipped to unsigned (q + 128)
+}
 
 
 def packs(type_name: str, n_out: int, n_in: int) -> bool:
     """Whether `pack` takes a matrix of this format and shape."""
-    return type_name in _PACKERS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
+    return type_name in _LAYOUTS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
 
 
 def pack(type_name: str, weight: np.ndarray) -> PackedWeight:
-    """The rows of a ggml matrix (uint8 (n_out, row_bytes)) interleaved for the kernels below."""
-    type_size, packer = _PACKERS[type_name]
+    """The rows of a ggml matrix (uint8 (n_out, row_bytes)) interleaved for the kernels below,
+    written straight into the packed array (no temporary copies of the matrix)."""
+    type_size, parts, xor = _LAYOUTS[type_name]
     n_out, row_bytes = weight.shape
     nb = row_bytes // type_size
     if not packs(type_name, n_out, nb * QK) or row_bytes % type_size:
         raise ValueError(f"{type_name} {weight.shape} cannot be packed")
     rows = np.asarray(weight).reshape(n_out, nb, type_size)
-    data = np.concatenate(packer(rows), axis=2)
+    group_block = GROUP * sum(size for _, size in parts)
+    data = np.empty((n_out // GROUP, nb, group_block), np.uint8)
+    (at, size), o = parts[0], GROUP * parts[0][1]
+    _put_words(data[:, :, :o], rows[:, :, at:at + size], xor)
+    for at, size in parts[1:]:
+        _put_halves(data[:, :, o:o + 2 * GROUP], rows[:, :, at:at + 2])
+        o += 2 * GROUP
     data.flags.writeable = False  # one compiled signature, as the file's rows
     return PackedWeight(type_name, data, n_out, nb * QK)
 

@@ -12,7 +12,7 @@ import llamatui.inference.matmul as mm
 from llamatui.inference import matmul_packed
 from llamatui.inference import matmul_simd as simd
 from llamatui.inference.backend import CPUBackend, QWeight
-from llamatui.inference.gguf import GGUFFile
+from llamatui.inference.gguf import GGUFFile, release_pages
 from test_matmul import RTOL, reference
 from test_matmul_int8 import ROUNDING, rounded
 
@@ -113,3 +113,18 @@ def test_the_backend_packs_a_matrix_at_its_first_product(smollm2_path):
         got = be.matmul(w, x)
         assert w.packed and w.packed.type_name == "Q4_1"
         assert np.array_equal(got, matmul_packed.matmul(w.packed, x, True))
+
+
+def test_a_packed_matrix_leaves_its_file_pages(smollm2_path):
+    """The file's pages of a packed matrix are released (madvise) and read back intact; an
+    array read into memory (no mmap) is never touched (MADV_DONTNEED would zero it)."""
+    with GGUFFile.open(smollm2_path) as f:
+        rows = f.tensors["blk.2.ffn_up.weight"].rows
+        before = rows.copy()
+        assert release_pages(rows) > 0.9 * rows.nbytes
+        assert np.array_equal(rows, before)
+    with GGUFFile.open(smollm2_path, use_mmap=False) as f:
+        rows = f.tensors["blk.2.ffn_up.weight"].rows
+        before = rows.copy()
+        assert release_pages(rows) == 0
+        assert np.array_equal(rows, before)
