@@ -251,6 +251,60 @@ def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
     return ids[order], vals[order], bad
 
 
+@njit(cache=True)
+def _nucleus(vals, top_p, log_min_p, min_keep):
+    """How many of the candidates (logits sorted descending) top-p and then min-p keep, as the
+    general path below computes it: the smallest prefix whose float32 softmax mass reaches top_p
+    (at least min_keep), then the prefix above max + log(min_p) (at least min_keep)."""
+    n = vals.shape[0]
+    if top_p < 1.0 and n > 1:
+        e = np.empty(n, np.float32)
+        total = np.float32(0.0)
+        for i in range(n):
+            e[i] = np.exp(vals[i] - vals[0])
+            total += e[i]
+        cum = np.float32(0.0)
+        for i in range(n):
+            cum += e[i] / total
+            if cum >= top_p and i + 1 >= min_keep:
+                n = i + 1
+                break
+    if log_min_p > -np.inf and n > 1:
+        floor = vals[0] + log_min_p
+        for i in range(min_keep, n):
+            if vals[i] < floor:
+                n = i
+                break
+    return n
+
+
+@njit(cache=True)
+def _draw(vals, n, temperature, u, probs):
+    """The position drawn among the first n candidates (sorted logits) at `temperature`, with u
+    uniform in [0, 1); probs[:n] = their probabilities."""
+    mx = vals[0] / temperature
+    cum = np.empty(n, np.float64)
+    total = 0.0
+    for i in range(n):
+        probs[i] = np.exp(vals[i] / temperature - mx)
+        total += probs[i]
+        cum[i] = total
+    target = u * total
+    pick = n
+    for i in range(n):  # searchsorted(cum, target, side="right")
+        if cum[i] > target:
+            pick = i
+            break
+    if pick >= n:  # rounding at the very top: the last candidate with mass
+        for i in range(n - 1, -1, -1):
+            if probs[i] > 0:
+                pick = i
+                break
+    for i in range(n):
+        probs[i] = probs[i] / np.float32(total)
+    return pick
+
+
 def _desc_order(ids: np.ndarray, vals: np.ndarray) -> np.ndarray:
     """Positions sorting the candidates by logit, descending; ties by lower id (for large arrays,
     whose ids are still in ascending order, a stable argsort gives the same)."""
@@ -375,6 +429,22 @@ class Sampler:
             x[ids] = v
         return x
 
+    def _sample_sorted(self, ids: np.ndarray, vals: np.ndarray) -> int:
+        """The rest of the chain (top-p, min-p, temperature, draw) for the top-k candidates,
+        sorted: the common case (llama.cpp's defaults) in two compiled steps rather than a
+        dozen numpy calls, the same choices as the general path below."""
+        p = self.params
+        log_min_p = math.log(p.min_p) if p.min_p > 0.0 else -math.inf
+        n = _nucleus(vals, np.float32(p.top_p), np.float32(log_min_p), max(p.min_keep, 1))
+        ids, vals = ids[:n], vals[:n]
+        if n == 1:
+            self.last_candidates = (ids, np.ones(1, dtype=np.float32))
+            return int(ids[0])
+        probs = np.empty(n, np.float32)
+        i = _draw(vals, n, np.float32(p.temperature), self._rng.random(), probs)
+        self.last_candidates = (ids, probs)
+        return int(ids[i])
+
     def sample(self, logits: np.ndarray) -> int:
         """Apply the chain to one row of logits (n_vocab,) and draw a token id."""
         p = self.params
@@ -399,6 +469,8 @@ class Sampler:
         if 0 < p.top_k < n:
             ids, vals, bad = _top_k(x, p.top_k)
             is_sorted = True
+            if p.typical_p >= 1.0 and not bad and vals[0] > -np.inf:
+                return self._sample_sorted(ids, vals)
         else:
             bad = int(np.count_nonzero(np.isnan(x) | (x == np.inf)))
             ids, vals = np.arange(n, dtype=np.int64), x
