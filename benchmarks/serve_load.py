@@ -15,7 +15,8 @@ reported.
 
 End-of-generation tokens are banned with logit_bias (found through /props and /tokenize) so
 that every stream generates exactly T tokens on both servers. The client is a small asyncio
-HTTP/1.1 reader, so that it takes little of the CPU the servers share with it.
+HTTP/1.1 reader (a Protocol parsing each response as it arrives), so that it takes little of the
+CPU the servers share with it.
 """
 from __future__ import annotations
 
@@ -38,51 +39,84 @@ PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse kee
 
 # ----------------------------------------------------------------------------- the client
 
+class _StreamReader(asyncio.Protocol):
+    """One streamed response, parsed as it arrives (an asyncio Protocol: no coroutine per
+    line, so that the client takes as little as it can of the CPU the server shares): the
+    arrival time of each content chunk, and the usage."""
+
+    def __init__(self, request: bytes):
+        self.request = request
+        self.done = asyncio.get_running_loop().create_future()
+        self.raw = bytearray()  # bytes not parsed yet
+        self.events = bytearray()  # the body, de-chunked, not yet split into events
+        self.status = None
+        self.chunked = False
+        self.times, self.usage = [], None
+
+    def connection_made(self, transport):
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.raw += data
+        if self.status is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.raw[:end]).lower()
+            self.status = int(head.split(None, 2)[1])
+            self.chunked = b"transfer-encoding: chunked" in head
+            del self.raw[:end + 4]
+        if self.status != 200:
+            return
+        self._dechunk()
+        while (end := self.events.find(b"\n\n")) >= 0:
+            event = bytes(self.events[:end])
+            del self.events[:end + 2]
+            if event.startswith(b"data: ") and event != b"data: [DONE]":
+                self._event(json.loads(event[6:]), now)
+
+    def _dechunk(self) -> None:
+        if not self.chunked:
+            self.events += self.raw
+            self.raw.clear()
+            return
+        while (eol := self.raw.find(b"\r\n")) >= 0:
+            size = int(bytes(self.raw[:eol]).split(b";")[0], 16)
+            if len(self.raw) < eol + 2 + size + 2:
+                return
+            self.events += self.raw[eol + 2:eol + 2 + size]
+            del self.raw[:eol + 2 + size + 2]
+
+    def _event(self, obj: dict, now: float) -> None:
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for c in obj.get("choices", []):
+            if c.get("delta", {}).get("content"):
+                self.times.append(now)
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 async def stream_chat(host: str, port: int, body: dict, headers: dict) -> dict:
     """One streamed chat completion: arrival times of its content chunks, and its usage."""
     t0 = time.perf_counter()
-    reader, writer = await asyncio.open_connection(host, port)
     data = json.dumps(body).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                 f"application/json\r\nContent-Length: {len(data)}\r\n{head}"
-                 f"Connection: close\r\n\r\n".encode() + data)
-    await writer.drain()
-    status = int((await reader.readline()).split()[1])
-    chunked = False
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
-            chunked = True
-    if status != 200:
-        raise RuntimeError(f"HTTP {status}: {(await reader.read())[:300]!r}")
-    times, usage, buf = [], None, b""
-    async for piece in _body(reader, chunked):
-        buf += piece
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            if not event.startswith(b"data: ") or event == b"data: [DONE]":
-                continue
-            obj = json.loads(event[6:])
-            if obj.get("usage"):
-                usage = obj["usage"]
-            for c in obj.get("choices", []):
-                if c.get("delta", {}).get("content"):
-                    times.append(time.perf_counter())
-    writer.close()
-    return {"t0": t0, "times": times, "usage": usage, "t_end": time.perf_counter()}
-
-
-async def _body(reader, chunked: bool):
-    if not chunked:
-        while piece := await reader.read(65536):
-            yield piece
-        return
-    while True:
-        size = int((await reader.readline()).split(b";")[0], 16)
-        if size == 0:
-            return
-        yield await reader.readexactly(size)
-        await reader.readline()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+               f"application/json\r\nContent-Length: {len(data)}\r\n{head}"
+               f"Connection: close\r\n\r\n").encode() + data
+    loop = asyncio.get_running_loop()
+    transport, reader = await loop.create_connection(lambda: _StreamReader(request), host, port)
+    try:
+        await reader.done
+    finally:
+        transport.close()
+    if reader.status != 200:
+        raise RuntimeError(f"HTTP {reader.status}: {bytes(reader.raw + reader.events)[:300]!r}")
+    return {"t0": t0, "times": reader.times, "usage": reader.usage, "t_end": time.perf_counter()}
 
 
 def percentile(xs: list[float], q: float) -> float:
