@@ -25,11 +25,15 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   grammar) samples only what the grammar allows; tokens the grammar forces are appended to the
   slot's next batch together with the sampled one (decoded at once, not one step each), and the
   request ends ("eog") as soon as the grammar is complete.
-- Precision: with one slot, one-token steps use the 8-bit decode kernels (matmul.int8_decode) and
-  a prompt's last token gets such a step of its own, so the logits it samples from do not depend
-  on how much of the prompt was cached (a seed gives the same text; the price is one decode step
-  more per prompt). With several slots, whose steps mix requests, products stay float32, so a
-  request's text does not depend on what else runs.
+- Precision: matrices the packed 8-bit kernels take (matmul_packed: Q4_0, Q4_1, Q8_0) use them in
+  every step, and they compute each token on its own; attention visits a token's cells by
+  position: a request's tokens are then the same whatever shares its steps (in steps of up to
+  16 tokens, where attention takes its per-token kernel). Other formats: with one slot, one-token
+  steps use the row-at-a-time 8-bit kernels (matmul.int8_decode) and a prompt's last token gets
+  such a step of its own, so the logits it samples from do not depend on how much of the prompt
+  was cached (a seed gives the same text; the price is one decode step more per prompt); with
+  several slots, whose steps mix requests, their products stay float32, so a request's text
+  depends on what else runs by float32 rounding only.
 
 Who steps: a server runs `serve_forever` in one engine thread; `Engine.generate` drives steps
 from its caller's thread when no such loop runs (`step_if_free`). Decoding runs in numba's nogil
