@@ -292,9 +292,8 @@ class CPUBackend(Backend):
         if x.ndim != 2 or x.shape[1] != w.n_in:
             raise ValueError(f"matmul {w}: input of shape {x.shape}")
         if w.packed is None:
-            w.packed = packed_weight(w.type, w.rows) or False
-            if w.packed:
-                release_pages(w.rows)  # read once to pack: only the packed copy stays resident
+            # read once to pack, chunk by chunk: then only the packed copy stays resident
+            w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
         return matmul(w.type, w.rows, x, packed=w.packed or None)
 
     def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:

@@ -217,14 +217,16 @@ def _gemm_bf16(x16: np.ndarray, tile: np.ndarray, out: np.ndarray, r0: int) -> N
     gemm_bf16(x16, t16, out, r0, 2 * x16.shape[0] * tile.size < PARALLEL_MIN_FLOPS)
 
 
-def packed_weight(type_name: str, weight: np.ndarray) -> matmul_packed.PackedWeight | None:
+def packed_weight(type_name: str, weight: np.ndarray,
+                  release=None) -> matmul_packed.PackedWeight | None:
     """`weight`'s rows interleaved for the packed 8-bit kernels (`matmul_packed`), where the CPU
     has them (USE_INT8) and they take its format and shape; else None. `matmul(..., packed=)`
-    then uses them for any number of tokens."""
+    then uses them for any number of tokens. release(rows): called on each chunk of `weight`
+    once packed (see matmul_packed.pack)."""
     w, k = _weight(type_name, weight)
     if not USE_INT8 or not matmul_packed.packs(type_name, w.shape[0], k):
         return None
-    return matmul_packed.pack(type_name, w)
+    return matmul_packed.pack(type_name, weight, release)
 
 
 def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,

@@ -42,6 +42,7 @@ from .matmul_simd import (
 
 GROUP = 16  # rows interleaved, one per lane
 QK = 32  # values per block (all three formats)
+PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
 
 
@@ -101,9 +102,11 @@ def packs(type_name: str, n_out: int, n_in: int) -> bool:
     return type_name in _LAYOUTS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
 
 
-def pack(type_name: str, weight: np.ndarray) -> PackedWeight:
+def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
     """The rows of a ggml matrix (uint8 (n_out, row_bytes)) interleaved for the kernels below,
-    written straight into the packed array (no temporary copies of the matrix)."""
+    written straight into the packed array (no temporary copies of the matrix), PACK_CHUNK bytes
+    of rows at a time; release(rows) after each chunk is packed lets the caller drop the
+    source's pages as it goes (a 262,144-token LM head would otherwise be resident twice)."""
     type_size, parts, xor = _LAYOUTS[type_name]
     n_out, row_bytes = weight.shape
     nb = row_bytes // type_size
@@ -112,11 +115,17 @@ def pack(type_name: str, weight: np.ndarray) -> PackedWeight:
     rows = np.asarray(weight).reshape(n_out, nb, type_size)
     group_block = GROUP * sum(size for _, size in parts)
     data = np.empty((n_out // GROUP, nb, group_block), np.uint8)
-    (at, size), o = parts[0], GROUP * parts[0][1]
-    _put_words(data[:, :, :o], rows[:, :, at:at + size], xor)
-    for at, size in parts[1:]:
-        _put_halves(data[:, :, o:o + 2 * GROUP], rows[:, :, at:at + 2])
-        o += 2 * GROUP
+    step = max(1, PACK_CHUNK // (GROUP * row_bytes)) * GROUP
+    for r0 in range(0, n_out, step):
+        r1 = min(n_out, r0 + step)
+        chunk, dst = rows[r0:r1], data[r0 // GROUP:r1 // GROUP]
+        (at, size), o = parts[0], GROUP * parts[0][1]
+        _put_words(dst[:, :, :o], chunk[:, :, at:at + size], xor)
+        for at, size in parts[1:]:
+            _put_halves(dst[:, :, o:o + 2 * GROUP], chunk[:, :, at:at + 2])
+            o += 2 * GROUP
+        if release is not None:
+            release(weight[r0:r1])
     data.flags.writeable = False  # one compiled signature, as the file's rows
     return PackedWeight(type_name, data, n_out, nb * QK)
 

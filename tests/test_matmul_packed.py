@@ -128,3 +128,16 @@ def test_a_packed_matrix_leaves_its_file_pages(smollm2_path):
         before = rows.copy()
         assert release_pages(rows) == 0
         assert np.array_equal(rows, before)
+
+
+def test_packing_in_chunks_releases_each_chunk(vectors, monkeypatch):
+    """A matrix packed a few rows at a time gives the same packed bytes, and hands every chunk
+    of its rows to `release` once packed (the backend drops their file pages)"""
+    raw = np.ascontiguousarray(np.concatenate([vectors["Q4_1"]] * 3))  # 96 rows
+    whole = matmul_packed.pack("Q4_1", raw)
+    monkeypatch.setattr(matmul_packed, "PACK_CHUNK", 32 * raw.shape[1])  # 32 rows a chunk
+    released = []
+    chunked = matmul_packed.pack("Q4_1", raw, release=released.append)
+    assert np.array_equal(chunked.data, whole.data)
+    assert [len(r) for r in released] == [32, 32, 32]
+    assert np.array_equal(np.concatenate(released), raw)
