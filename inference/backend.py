@@ -135,6 +135,10 @@ class KQMask:
         """Each token's visible cells, by position (ForwardContext.visible_cells)."""
         return self.ctx.visible_cells(self.n_swa)
 
+    def sampled(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """The rows whose logits are sampled and their visible cells, by position."""
+        return self.ctx.sampled_cells(self.n_swa)
+
     def __array__(self, dtype=None, copy=None):
         m = self.dense()
         return m if dtype is None else m.astype(dtype, copy=False)
@@ -335,13 +339,19 @@ class CPUBackend(Backend):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
         k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
         itself (float32)."""
-        cells = None
-        if isinstance(mask, KQMask):
-            if len(q) <= ops.ATTN_FUSED_MAX_TOKENS:
-                cells = mask.cells()
-            mask = mask.dense()
-        return ops.attention(np.asarray(q, dtype=np.float32), k, v, mask, scale, softcap,
-                             cells=cells)
+        q = np.asarray(q, dtype=np.float32)
+        if not isinstance(mask, KQMask):
+            return ops.attention(q, k, v, mask, scale, softcap)
+        if len(q) <= ops.ATTN_FUSED_MAX_TOKENS:
+            return ops.attention(q, k, v, mask.dense(), scale, softcap, cells=mask.cells())
+        out = ops.attention(q, k, v, mask.dense(), scale, softcap)
+        rows, cells = mask.sampled()
+        if 0 < rows.size < len(q):
+            # rows whose logits are sampled take the per-token kernel in any batch, so that a
+            # token's logits are the same whether its prompt came with others, alone or cached
+            out[rows] = ops.attention(np.ascontiguousarray(q[rows]), k, v, mask.dense()[rows],
+                                      scale, softcap, cells=cells)
+        return out
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)

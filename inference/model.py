@@ -173,6 +173,16 @@ class ForwardContext:
                                                          self.kv.cell_order(self.n_kv))
         return cells
 
+    def sampled_cells(self, n_swa: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """(out_rows, their visible cells by position): for a batch too large for the per-token
+        attention kernel, the rows whose logits are sampled still take it (Backend.attention)."""
+        key = ("sampled", n_swa)
+        cells = self._masks.get(key)
+        if cells is None:
+            cells = self._masks[key] = (self.out_rows, ops.visible_cells(
+                self.mask(n_swa)[self.out_rows], self.kv.cell_order(self.n_kv)))
+        return cells
+
     def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
         attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v); softcap > 0

@@ -27,8 +27,10 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   request ends ("eog") as soon as the grammar is complete.
 - Precision: matrices the packed 8-bit kernels take (matmul_packed: Q4_0, Q4_1, Q8_0) use them in
   every step, and they compute each token on its own; attention visits a token's cells by
-  position: a request's tokens are then the same whatever shares its steps (in steps of up to
-  16 tokens, where attention takes its per-token kernel). Other formats: with one slot, one-token
+  position, and a row whose logits are sampled always takes its per-token kernel: a request's
+  tokens are then the same whatever shares its steps and whether its prompt was cached (the
+  prompt rows of a large step go through attention's GEMM, whose sums can differ with the
+  step's make-up in rare roundings). Other formats: with one slot, one-token
   steps use the row-at-a-time 8-bit kernels (matmul.int8_decode) and a prompt's last token gets
   such a step of its own, so the logits it samples from do not depend on how much of the prompt
   was cached (a seed gives the same text; the price is one decode step more per prompt); with

@@ -339,6 +339,8 @@ class _Batch:
         self.model = types.SimpleNamespace(n_ubatch=16)
         self._masks = {}
         self.mask = types.MethodType(ForwardContext.mask, self)
+        self.visible_cells = types.MethodType(ForwardContext.visible_cells, self)
+        self.sampled_cells = types.MethodType(ForwardContext.sampled_cells, self)
 
 
 def _softcapped_attention(q, k, v, mask, scale, softcap):
@@ -488,7 +490,10 @@ def check_offload_logits():
         a, b = cpu.decode(batch), gpu.decode(batch)
         scale = np.abs(a).max()
         assert np.abs(a - b).max() <= 0.02 * scale, (np.abs(a - b).max(), scale)
-        assert np.array_equal(a.argmax(axis=1), b.argmax(axis=1))
+        top2 = np.sort(a, axis=1)[:, -2:]  # the top token, wherever it is not a near-tie
+        clear = top2[:, 1] - top2[:, 0] >= 0.25
+        assert clear.sum() >= len(a) // 2
+        assert np.array_equal(a.argmax(axis=1)[clear], b.argmax(axis=1)[clear])
 
 
 @check("offload_moe_logits")
