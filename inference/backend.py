@@ -345,8 +345,8 @@ class CPUBackend(Backend):
         if len(q) <= ops.ATTN_FUSED_MAX_TOKENS:
             return ops.attention(q, k, v, mask.dense(), scale, softcap, cells=mask.cells())
         out = ops.attention(q, k, v, mask.dense(), scale, softcap)
-        rows, cells = mask.sampled()
-        if 0 < rows.size < len(q):
+        if 0 < mask.ctx.out_rows.size < len(q):
+            rows, cells = mask.sampled()
             # rows whose logits are sampled take the per-token kernel in any batch, so that a
             # token's logits are the same whether its prompt came with others, alone or cached
             out[rows] = ops.attention(np.ascontiguousarray(q[rows]), k, v, mask.dense()[rows],

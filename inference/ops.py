@@ -310,7 +310,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2). cells:
     each token's visible cells in the order its sums visit them (`visible_cells`; the forward
     pass lists them once per batch, by position, so that a token's result does not depend on
-    where the cache put its cells); default: the mask's, in cell order.
+    where the cache put its cells), and the per-token kernel for any number of tokens; default:
+    the mask's, in cell order, and the per-token kernel up to ATTN_FUSED_MAX_TOKENS tokens.
     Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
@@ -323,7 +324,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     v2 = np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v)
     q = np.ascontiguousarray(q, dtype=np.float32)
     cap = np.float32(softcap)
-    if n <= ATTN_FUSED_MAX_TOKENS:
+    if n <= ATTN_FUSED_MAX_TOKENS or cells is not None:
         out = np.empty((n, n_head, d_v), np.float32)
         # the vector kernel needs whole 16-value head slices, and for an f16 cache the CPU's
         # fp16 loads (F16C on x86; without it LLVM would call a helper numba does not link)

@@ -10,28 +10,19 @@ import pytest
 
 import llamatui.inference.matmul as mm
 from llamatui.inference import matmul_packed
-from llamatui.inference import matmul_simd as simd
 from llamatui.inference.backend import CPUBackend, QWeight
 from llamatui.inference.gguf import GGUFFile, release_pages
 from test_matmul import RTOL, reference
-from test_matmul_int8 import ROUNDING, rounded
+from test_matmul_int8 import ROUNDING, int8_decode, pytestmark, rounded  # noqa: F401 (fixture, marks)
+from test_matmul_int8 import vectors as int8_vectors
 
 PACKED_TYPES = tuple(matmul_packed.KERNELS)
 
-pytestmark = pytest.mark.skipif(not simd.HAS_INT8_DOT,
-                                reason="no AVX512-VNNI / AVX-VNNI: no packed kernels")
-
-
-@pytest.fixture(autouse=True)
-def int8_products(monkeypatch):
-    monkeypatch.setattr(mm, "USE_INT8", True)
-
 
 @pytest.fixture(scope="module")
-def vectors(golden_dir):
+def vectors(int8_vectors):
     """llama.cpp's quantized rows, the first 32 (two groups of 16)"""
-    with np.load(golden_dir / "quant_vectors.npz") as z:
-        return {key: np.ascontiguousarray(z[key][:32]) for key in z.files}
+    return {key: np.ascontiguousarray(rows[:32]) for key, rows in int8_vectors.items()}
 
 
 def check(type_name, raw, W, x):
