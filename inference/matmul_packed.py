@@ -153,23 +153,31 @@ def _sums_q8(wp, o, xq, xo):
 
 
 @njit(inline="always")
+def _scaled(sums, d, xd, bi, acc):
+    """acc + a block's integer sums times its 16 rows' scales d and the token's scale xd[bi]"""
+    return vfma(vcvt(sums), vmul(d, vbcast(ld(xd, bi))), acc)
+
+
+# per format: the scaled sums, then the offset (-8, -128: times d) or the min (m) through the
+# token's scaled block sum xs32[bi]
+
+@njit(inline="always")
 def _block_q4_0(wp, o, xq, xo, xd, xs32, bi, acc):
     d = vf16(wp, o + 256)
-    acc = vfma(vcvt(_sums_q4(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    acc = _scaled(_sums_q4(wp, o, xq, xo), d, xd, bi, acc)
     return vfma(d, vbcast(ld(xs32, bi) * np.float32(-8)), acc)
 
 
 @njit(inline="always")
 def _block_q4_1(wp, o, xq, xo, xd, xs32, bi, acc):
-    d = vf16(wp, o + 256)
-    acc = vfma(vcvt(_sums_q4(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    acc = _scaled(_sums_q4(wp, o, xq, xo), vf16(wp, o + 256), xd, bi, acc)
     return vfma(vf16(wp, o + 288), vbcast(ld(xs32, bi)), acc)
 
 
 @njit(inline="always")
 def _block_q8_0(wp, o, xq, xo, xd, xs32, bi, acc):
     d = vf16(wp, o + 512)
-    acc = vfma(vcvt(_sums_q8(wp, o, xq, xo)), vmul(d, vbcast(ld(xd, bi))), acc)
+    acc = _scaled(_sums_q8(wp, o, xq, xo), d, xd, bi, acc)
     return vfma(d, vbcast(ld(xs32, bi) * np.float32(-128)), acc)
 
 

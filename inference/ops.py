@@ -556,7 +556,6 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
         threads_set(1)
     n, n_head, d_k = q.shape
     d_v = out.shape[2]
-    n_kv = mask.shape[1]
     grp = n_head // n_head_kv
     n_pieces = max(1, (counts.max() + piece - 1) // piece)
     items = n * n_head_kv * n_pieces
