@@ -354,3 +354,37 @@ def test_openapi_property_run(case):
                                      response_schema_conformance, status_code_conformance)
     case.call_and_validate(checks=[not_a_server_error, status_code_conformance,
                                    content_type_conformance, response_schema_conformance])
+
+
+@pytest.mark.parametrize("text", ["hi", 'a "quoted" \\ back\nslash', "é 😀 \u2028", ""])
+def test_content_chunks_are_written_as_chat_chunks_are(text):
+    """The per-token fast path writes the bytes the general one writes."""
+    from llamatui.app.server.shapes import Shaper
+    from llamatui.app.server.sse import sse
+    shaper = Shaper("chat", "smol")
+    for index in (0, 12):
+        assert shaper.content_chunk(index, text) == sse(shaper.chat_chunk(index,
+                                                                          {"content": text}))
+
+
+def test_keep_alive_ticks_only_after_a_quiet_interval():
+    import asyncio
+
+    from llamatui.app.server.backend import _TICK, _KeepAlive
+
+    async def ticks(busy: bool) -> tuple[int, float]:
+        queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        keep_alive = _KeepAlive(queue, 0.2)
+        for _ in range(20):
+            await asyncio.sleep(0.025)
+            if busy:
+                keep_alive.last = loop.time()  # an event came
+        keep_alive.cancel()
+        n = sum(1 for _ in range(queue.qsize()) if queue.get_nowait() is _TICK)
+        return n, loop.time() - t0
+
+    assert asyncio.run(ticks(busy=True))[0] == 0
+    n, elapsed = asyncio.run(ticks(busy=False))  # 0.5 s of silence: a tick per 0.2 s
+    assert 2 <= n <= elapsed / 0.2

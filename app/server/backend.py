@@ -145,6 +145,27 @@ class Mailbox:
             queue.put_nowait(item)
 
 
+class _KeepAlive:
+    """Puts a tick into `queue` whenever `interval` seconds pass with no event (`last`: the
+    loop time of the latest one, which the consumer sets)."""
+
+    def __init__(self, queue: asyncio.Queue, interval: float):
+        self.queue, self.interval = queue, interval
+        self.loop = asyncio.get_running_loop()
+        self.last = self.loop.time()
+        self._timer = self.loop.call_later(interval, self._fire)
+
+    def _fire(self) -> None:
+        now = self.loop.time()
+        if now - self.last >= self.interval:
+            self.queue.put_nowait(_TICK)
+            self.last = now
+        self._timer = self.loop.call_at(self.last + self.interval, self._fire)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 class Run:
     """The scheduler requests of one HTTP request; `events()` yields (choice index, event)."""
 
@@ -194,23 +215,24 @@ class Run:
     async def events(self, ping_interval: float | None = None
                      ) -> AsyncIterator[tuple[int | None, object]]:
         """Every request's events until all are done; with `ping_interval`, also (None, None)
-        when no event came for that many seconds (a keep-alive tick). The tick is a timer
-        armed while the queue is empty, not a task and a timeout per event."""
-        loop = asyncio.get_running_loop()
-        while self._open:
-            timer = None
-            if ping_interval and self.queue.empty():
-                timer = loop.call_later(ping_interval, self.queue.put_nowait, _TICK)
-            item = await self.queue.get()
-            if timer is not None:
-                timer.cancel()
-            if item is _TICK:
-                yield None, None
-                continue
-            index, event = item
-            if event.kind == "done":
-                self._open -= 1
-            yield index, event
+        after each ping_interval seconds without an event (a keep-alive tick: one timer per
+        run that re-arms itself, not a timer per event)."""
+        keep_alive = _KeepAlive(self.queue, ping_interval) if ping_interval else None
+        try:
+            while self._open:
+                item = await self.queue.get()
+                if item is _TICK:
+                    yield None, None
+                    continue
+                if keep_alive is not None:
+                    keep_alive.last = keep_alive.loop.time()
+                index, event = item
+                if event.kind == "done":
+                    self._open -= 1
+                yield index, event
+        finally:
+            if keep_alive is not None:
+                keep_alive.cancel()
 
     def cancel_requests(self) -> None:
         for req in self.requests:

@@ -149,8 +149,8 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     if job.stream:
         writers = {"chat": _chat_stream, "completions": _completions_stream,
                    "native": _native_stream}
-        chunks = _pings_once_begun(writers[kind](run, job, choices, shaper, _settings(sampling),
-                                                 state.config.ping_interval, replies))
+        chunks = writers[kind](run, job, choices, shaper, _settings(sampling),
+                               state.config.ping_interval, replies)
         return EventStream(chunks, run.cancel, state.config.timeout)
     done = await until_disconnect(request, _collect(run, choices))
     if done is None:
@@ -192,20 +192,6 @@ def _settings(sampling: dict) -> dict:
             "n_predict": params.max_tokens, "stop": list(params.stop)}
 
 
-async def _pings_once_begun(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The chunks without the keep-alive comments that come before the first one: until the
-    stream has begun nothing is sent, so that an early error keeps its HTTP status."""
-    begun = False
-    try:
-        async for chunk in chunks:
-            if chunk is PING and not begun:
-                continue
-            begun = True
-            yield chunk
-    finally:
-        await chunks.aclose()
-
-
 async def _chat_stream(run, job, choices, shaper, settings, ping, replies
                        ) -> AsyncIterator[bytes]:
     """llama-server's chat chunks: the role, the content pieces (with their log-probabilities),
@@ -232,6 +218,9 @@ async def _chat_stream(run, job, choices, shaper, settings, ping, replies
         if entry is not None and not deltas:
             deltas = [{}]
         for i, delta in enumerate(deltas):
+            if entry is None and delta.keys() == {"content"}:
+                yield shaper.content_chunk(index, delta["content"])  # the most common chunk
+                continue
             yield sse(shaper.chat_chunk(index, delta, logprobs=[entry] if entry is not None
                                         and i == 0 else None))
         if event.kind == "done":

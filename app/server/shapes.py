@@ -8,6 +8,7 @@ request (one id, one creation time, the model's name).
 """
 from __future__ import annotations
 
+import json
 import secrets
 import time
 
@@ -17,6 +18,11 @@ FINISH_REASONS = {"stop": "stop", "eog": "stop", "length": "length", "context_fu
 # → llama-server's stop_type for /completion
 STOP_TYPES = {"stop": "word", "eog": "eos", "length": "limit", "context_full": "limit"}
 FINGERPRINT = "llamatui"
+
+
+def dumps(data) -> bytes:
+    """Compact JSON as UTF-8, as every answer is written."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class Choice:
@@ -102,6 +108,7 @@ class Shaper:
         self.created = int(time.time())
         self.model = model
         self.object = {"chat": "chat.completion", "completions": "text_completion"}.get(kind)
+        self._content_tail: bytes | None = None
 
     def _envelope(self, choices: list, obj: str, **extra) -> dict:
         return {"choices": choices, "created": self.created, "id": self.id,
@@ -128,6 +135,16 @@ class Shaper:
         if logprobs is not None:
             item["logprobs"] = {"content": logprobs}
         return self._envelope([item], "chat.completion.chunk", **extra)
+
+    def content_chunk(self, index: int, text: str) -> bytes:
+        """The SSE event of `chat_chunk(index, {"content": text})`, written around the text's
+        JSON alone: the envelope's bytes are the same for every chunk of an answer, and a
+        stream sends one such chunk per token."""
+        if self._content_tail is None:
+            envelope = dumps(self._envelope([], "chat.completion.chunk"))
+            self._content_tail = b"}}]" + envelope[len(b'{"choices":[]'):] + b"\n\n"
+        return (b'data: {"choices":[{"finish_reason":null,"index":%d,"delta":{"content":'
+                % index + dumps(text) + self._content_tail)
 
     def usage_chunk(self, choices: list[Choice], n: int, obj: str) -> dict:
         return self._envelope([], obj, usage=usage(choices, n), timings=choices[0].timings())

@@ -9,12 +9,12 @@ without `data: [DONE]`; `:` comment lines keep a quiet stream alive.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.responses import JSONResponse
 
 from .errors import APIError
+from .shapes import dumps
 
 PING = b":\n\n"  # llama-server's keep-alive comment
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -29,10 +29,6 @@ def sse(data) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-def dumps(data) -> bytes:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
@@ -44,7 +40,9 @@ async def _disconnected(receive) -> None:
 
 class EventStream:
     """An ASGI answer sending `chunks` (bytes) as text/event-stream. `on_close` runs however it
-    ends (finished, failed, client gone, a write stuck past `write_timeout`)."""
+    ends (finished, failed, client gone, a write stuck past `write_timeout`). Keep-alive
+    comments (PING) before the first chunk are dropped: until the stream has begun nothing is
+    sent, so that an early error keeps its HTTP status."""
 
     def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], Awaitable],
                  write_timeout: float):
@@ -89,6 +87,8 @@ class EventStream:
 
         try:
             async for chunk in self.chunks:
+                if chunk is PING and not started:
+                    continue
                 if not started:
                     await send({"type": "http.response.start", "status": 200,
                                 "headers": SSE_HEADERS})
