@@ -179,6 +179,25 @@ vmul = _fbinary("fmul", "a * b (IEEE, never fused)")
 
 
 @intrinsic
+def vmax(typingctx, a, b):
+    """The larger of a and b per lane (b where either is NaN: vmaxps)"""
+    def cg(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+    return f32x16(f32x16, f32x16), cg
+
+
+@intrinsic
+def vhmax(typingctx, v):
+    """The largest lane of v (NaN lanes ignored unless all are NaN)"""
+    def cg(context, builder, sig, args):
+        fnty = ir.FunctionType(_f32, [_VF])
+        fn = cgutils.get_or_insert_function(builder.module, fnty,
+                                            "llvm.vector.reduce.fmax.v16f32")
+        return builder.call(fn, args)
+    return types.float32(f32x16), cg
+
+
+@intrinsic
 def vfma(typingctx, a, b, c):
     """a * b + c, fused where the target has FMA"""
     def cg(context, builder, sig, args):

@@ -47,10 +47,21 @@ from .fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from .fp16 import HAS_HW_FP16, bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw
 from .matmul import PARALLEL_MIN_FLOPS, PARALLEL_MIN_VALUES
 from .matmul_kernels import gemm_nn_f32
-from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vload, vreduce16,
-                          vstore, vsum, vzero)
+from .matmul_simd import (threads_get, threads_set, vadd, vbcast, vf16, vfma, vhmax, vload, vmax,
+                          vmul, vreduce16, vstore, vsum, vzero)
 
 # ----------------------------------------------------------------------------- RMS norm
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum_of_squares(x, r):
+    """sum(x[r] ** 2): each square in float32, summed in float64 (ggml_float) in any order
+    (vectorized; a float64 sum of float32 squares rounds the same to float32 in all but the
+    rarest cases)."""
+    s = 0.0
+    for i in range(x.shape[1]):
+        s += np.float64(x[r, i] * x[r, i])
+    return s
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
@@ -60,9 +71,7 @@ def _rms_norm_rows(x, w, eps, out, serial):
         threads_set(1)
     n_rows, d = x.shape
     for r in numba.prange(n_rows):
-        s = 0.0
-        for i in range(d):
-            s += np.float64(x[r, i] * x[r, i])
+        s = _sum_of_squares(x, r)
         mean = np.float32(s / d)
         scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
         for i in range(d):
@@ -310,8 +319,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2). cells:
     each token's visible cells in the order its sums visit them (`visible_cells`; the forward
     pass lists them once per batch, by position, so that a token's result does not depend on
-    where the cache put its cells), and the per-token kernel for any number of tokens; default:
-    the mask's, in cell order, and the per-token kernel up to ATTN_FUSED_MAX_TOKENS tokens.
+    where the cache put its cells), and the per-token kernel for any number of tokens; the mask
+    is then llama.cpp's KQ mask, 0 on every visible cell, and is not read again. Default: the
+    mask's cells (any finite value added to the scores), in cell order, and the per-token
+    kernel up to ATTN_FUSED_MAX_TOKENS tokens.
     Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
@@ -334,7 +345,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
             visible, counts = cells if cells is not None else visible_cells(mask)
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask, visible,
                               counts, np.float32(scale), cap, ATTN_DECODE_CELLS, out,
-                              n * n_kv * n_head * (d_k + d_v) < 1 << 16)
+                              n * n_kv * n_head * (d_k + d_v) < 1 << 16, cells is None)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
         return _attention_numpy(q, k2, v2, mask, scale, cap, d_k, d_v)
@@ -449,6 +460,27 @@ def _kv_vec_impl(a, row, col):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _scale_and_max(s, so, span, scale):
+    """s.flat[so : so + span] *= scale (IEEE products, as the scalar loop's); returns their
+    maximum, 16 at a time."""
+    vs = vbcast(scale)
+    vm = vbcast(np.float32(-np.inf))
+    i = 0
+    while i + 16 <= span:
+        x = vmul(vload(s, so + i), vs)
+        vstore(s, so + i, x)
+        vm = vmax(vm, x)
+        i += 16
+    mx = vhmax(vm)
+    while i < span:
+        x = s.flat[so + i] * scale
+        s.flat[so + i] = x
+        mx = max(mx, x)
+        i += 1
+    return mx
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _scores16(q, qo, k, ko, cells, m, d_k, s, so):
     """s.flat[so + i] = q.flat[qo : qo + d_k] . (row cells[m + i] of k from value ko), i < 16:
     one accumulator per cell, reduced together (no horizontal sum per cell)."""
@@ -542,15 +574,54 @@ def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
         c += 16
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _weighted_rows4(s, r0, nh, span, v, cells, vo, d_v, o, oo):
+    """`_weighted_rows` for nh (3 or 4) rows r0.. of s at once, into o.flat[oo + h * d_v:],
+    with the same sums (one chain per 16 values): each V vector is converted once for all of
+    them (grouped-query heads share their KV head's rows). A fourth row, when nh is 3, repeats
+    the third and is not stored."""
+    r1, r2, r3 = r0 + 1, r0 + 2, r0 + min(3, nh - 1)
+    c = 0
+    while c < d_v:
+        w = 32 if c + 32 <= d_v else 16  # values this pass: two vectors, or the last one
+        a0 = vzero(); a1 = vzero(); b0 = vzero(); b1 = vzero()  # noqa: E702
+        e0 = vzero(); e1 = vzero(); f0 = vzero(); f1 = vzero()  # noqa: E702
+        col = vo + c
+        for i in range(span):
+            j = cells[i]
+            x0 = _kv_vec(v, j, col)
+            x1 = _kv_vec(v, j, col + 16) if w == 32 else x0
+            p = vbcast(s[r0, i])
+            a0 = vfma(p, x0, a0); a1 = vfma(p, x1, a1)  # noqa: E702
+            p = vbcast(s[r1, i])
+            b0 = vfma(p, x0, b0); b1 = vfma(p, x1, b1)  # noqa: E702
+            p = vbcast(s[r2, i])
+            e0 = vfma(p, x0, e0); e1 = vfma(p, x1, e1)  # noqa: E702
+            p = vbcast(s[r3, i])
+            f0 = vfma(p, x0, f0); f1 = vfma(p, x1, f1)  # noqa: E702
+        vstore(o, oo + c, a0); vstore(o, oo + d_v + c, b0)  # noqa: E702
+        vstore(o, oo + 2 * d_v + c, e0)
+        if nh == 4:
+            vstore(o, oo + 3 * d_v + c, f0)
+        if w == 32:
+            vstore(o, oo + c + 16, a1); vstore(o, oo + d_v + c + 16, b1)  # noqa: E702
+            vstore(o, oo + 2 * d_v + c + 16, e1)
+            if nh == 4:
+                vstore(o, oo + 3 * d_v + c + 16, f1)
+        c += w
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
 def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap, piece, out,
-                      serial):
+                      serial, additive):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Only the cells a token can see are visited, listed first (in a batch of
     # several sequences each token sees its own sequence's cells alone, scattered over the
     # cache). Work item = (token, KV head, piece of `piece` of those cells): scores, their max m,
     # sum l and the p-weighted V rows o, merged afterwards as exp(m - M)-weighted sums.
+    # additive: the mask's values on visible cells are added to the scores (else they are 0,
+    # and the softmax's loops run over contiguous scores alone, vectorized).
     threads = threads_get()
     if serial:
         threads_set(1)
@@ -587,10 +658,18 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                             acc = vfma(vload(q, qo + c), _kv_vec(k, cells[i], ko + c), acc)
                         s[r, i] = vsum(acc)
             mx = np.float32(-np.inf)
-            for i in range(span):
-                x = _softcapped(s[r, i], softcap) * scale + mask[t, cells[i]]
-                s[r, i] = x
-                mx = max(mx, x)
+            if additive:
+                for i in range(span):
+                    x = _softcapped(s[r, i], softcap) * scale + mask[t, cells[i]]
+                    s[r, i] = x
+                    mx = max(mx, x)
+            elif softcap > np.float32(0.0):
+                for i in range(span):
+                    x = _softcapped(s[r, i], softcap) * scale
+                    s[r, i] = x
+                    mx = max(mx, x)
+            else:
+                mx = _scale_and_max(s, r * span, span, scale)
             total = np.float32(0.0)
             for i in range(span):
                 e = exp_f32(s[r, i] - mx) if mx != -np.inf else np.float32(0.0)
@@ -598,7 +677,17 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                 total += e
             part_m[it, r] = mx
             part_l[it, r] = total
-            _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o, (it * grp + r) * d_v)
+        r = 0
+        while r < grp:  # the p-weighted V rows, up to four query heads per pass over them
+            if grp - r >= 3:
+                nh = min(4, grp - r)
+                _weighted_rows4(s, r, nh, span, v, cells, g * d_v, d_v, part_o,
+                                (it * grp + r) * d_v)
+                r += nh
+            else:
+                _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o,
+                               (it * grp + r) * d_v)
+                r += 1
     for t in range(n):
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces
