@@ -15,8 +15,8 @@ reported.
 
 End-of-generation tokens are banned with logit_bias (found through /props and /tokenize) so
 that every stream generates exactly T tokens on both servers. The client is a small asyncio
-HTTP/1.1 reader (a Protocol parsing each response as it arrives), so that it takes little of the
-CPU the servers share with it.
+HTTP/1.1 reader (a Protocol noting each piece's arrival time, parsing the response once it is
+over), so that it takes little of the CPU the servers share with it.
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse kee
 # ----------------------------------------------------------------------------- the client
 
 class _StreamReader(asyncio.Protocol):
-    """One streamed response, parsed as it arrives (an asyncio Protocol: no coroutine per
-    line, so that the client takes as little as it can of the CPU the server shares): the
-    arrival time of each content chunk, and the usage."""
+    """One streamed response: the arrival time of each content chunk, and the usage. An
+    asyncio Protocol that only notes what arrived when, and parses it once the connection
+    closes, so that the client takes as little as it can of the CPU the server shares while
+    tokens stream."""
 
     def __init__(self, request: bytes):
         self.request = request
@@ -52,12 +53,15 @@ class _StreamReader(asyncio.Protocol):
         self.status = None
         self.chunked = False
         self.times, self.usage = [], None
+        self.pieces: list[tuple[float, bytes]] = []  # (arrival time, bytes) as they came
 
     def connection_made(self, transport):
         transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
+        self.pieces.append((time.perf_counter(), data))  # parsed once the answer is over
+
+    def _parse(self, data: bytes, now: float) -> None:
         self.raw += data
         if self.status is None:
             end = self.raw.find(b"\r\n\r\n")
@@ -96,6 +100,8 @@ class _StreamReader(asyncio.Protocol):
                 self.times.append(now)
 
     def connection_lost(self, exc) -> None:
+        for now, data in self.pieces:
+            self._parse(data, now)
         if not self.done.done():
             self.done.set_result(None)
 
