@@ -309,7 +309,8 @@ class Engine:
         as llama-server's `embd_normalize` (2: unit Euclidean length; -1: raw; embedding.py).
 
         Works for encoders (BERT) and decoders alike, never touches the KV cache, and is safe
-        from any thread: it runs between the scheduler's steps, so generations only pause.
+        from any thread: it runs between the scheduler's steps (on a server's engine thread
+        when one runs: Scheduler.run_between_steps), so generations only pause.
         ValueError for an empty input, an unknown pooling, or a model that sets none when none
         is given; ContextFullError for an input longer than the model embeds at once."""
         self._check_open()
@@ -323,11 +324,10 @@ class Engine:
             if len(ids) > limit:
                 raise ContextFullError(f"input {i} is {len(ids)} tokens; this model embeds at "
                                        f"most {limit} at once", len(ids), limit)
-        # the step lock alone (no slot is claimed: embeddings do not use the cache)
-        with self.scheduler.claim_sequence(0, force=True):
-            self._check_open()
-            vectors = self.model.embed(seqs, pooling)
-        return normalize(vectors, normalize_as)
+        def forward() -> np.ndarray:  # between steps, on the stepping thread; no slot is
+            self._check_open()          # claimed: embeddings do not use the cache
+            return self.model.embed(seqs, pooling)
+        return normalize(self.scheduler.run_between_steps(forward), normalize_as)
 
     def _embedding_pooling(self, pooling: str | None) -> str:
         if pooling is None:

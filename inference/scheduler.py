@@ -205,6 +205,7 @@ class Scheduler:
         self._lock = threading.RLock()  # slots and queue
         self._step_lock = threading.Lock()  # one decode at a time
         self._work = threading.Condition(self._lock)
+        self._jobs: list[_Job] = []  # run_between_steps' calls waiting for the serve loop
         self.serving = False
         # llama-server's /metrics counters (server_metrics): prompt tokens evaluated and found
         # cached, decode calls and the slots in each, the longest sequence seen
@@ -309,9 +310,10 @@ class Scheduler:
         return True
 
     def serve_forever(self, stop: threading.Event, idle_wait: float = 0.5) -> None:
-        """The engine thread of a server: steps while there is work, sleeps when there is none,
-        until `stop` is set."""
-        self.serving = True
+        """The engine thread of a server: steps while there is work (and runs the calls
+        `run_between_steps` hands it), sleeps when there is none, until `stop` is set."""
+        with self._lock:
+            self.serving = True
         try:
             while not stop.is_set():
                 with self._lock:
@@ -319,16 +321,45 @@ class Scheduler:
                         self._work.wait(idle_wait)
                         continue
                 with self._step_lock:
+                    self._run_jobs()
                     self.step()
         finally:
-            self.serving = False
+            with self._lock:
+                self.serving = False
+            with self._step_lock:
+                self._run_jobs()  # any handed over as the loop stopped
+
+    def run_between_steps(self, fn: Callable[[], object]):
+        """fn() between two steps, on the thread that steps: the serve loop's own when one
+        runs (the caller waits for the result, or fn's exception), else the caller's, holding
+        the step lock. Forward passes outside generation (Engine.embed) go through here so that
+        one thread launches every kernel: numba's OpenMP layer gives each launching thread its
+        own team of workers, and once libgomp manages more threads than there are cores it
+        lets them sleep after every kernel instead of spinning, so a second launching thread
+        that stays alive (a server's thread pool after one embeddings request) made every
+        later decode step about 3x slower."""
+        with self._lock:
+            job = _Job(fn) if self.serving else None
+            if job is not None:
+                self._jobs.append(job)
+                self._work.notify_all()
+        if job is None:
+            with self._step_lock:
+                return fn()
+        return job.wait()
+
+    def _run_jobs(self) -> None:
+        with self._lock:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.run()
 
     def wake(self) -> None:
         with self._lock:
             self._work.notify_all()
 
     def _has_work_locked(self) -> bool:
-        return bool(self.queue) or any(s.request is not None for s in self.slots)
+        return bool(self.queue or self._jobs) or any(s.request is not None for s in self.slots)
 
     def step(self) -> None:
         """schedule → decode → update_from_output, once."""
@@ -592,6 +623,29 @@ class Scheduler:
         """A context manager for tools that drive a slot's sequence themselves (perplexity,
         benchmarks, Engine.logits): holds the step lock; the slot must be idle (unless force)."""
         return _Claim(self, slot_id, force)
+
+
+class _Job:
+    """A call handed to the serve loop by run_between_steps, and its outcome."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result = self.error = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            self.error = e
+        finally:
+            self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 class _Claim:

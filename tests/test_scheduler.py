@@ -263,3 +263,37 @@ def test_stats_count_what_llama_servers_metrics_show(engine):
     assert n_decode <= n_busy <= 2 * n_decode  # two requests ran side by side at most
     assert n_busy > n_decode  # ... and did share some decodes
     assert after["n_tokens_max"] >= len(base) + 3  # prompt + the generated tokens cached
+
+
+def test_work_between_steps_runs_on_the_serve_loops_thread(engine):
+    """Embeddings asked from another thread (a server's thread pool) run on the engine thread:
+    a second thread launching numba's OpenMP kernels, kept alive, made libgomp put its workers
+    to sleep after every kernel, and every later decode step ~3x slower."""
+    sched = engine.scheduler
+    seen = []
+    real_embed = engine.model.embed
+
+    def recording_embed(*args, **kwargs):
+        seen.append(threading.get_ident())
+        return real_embed(*args, **kwargs)
+
+    engine.model.embed = recording_embed
+    stop = threading.Event()
+    loop = threading.Thread(target=sched.serve_forever, args=(stop,), daemon=True)
+    try:
+        assert sched.run_between_steps(threading.get_ident) == threading.get_ident()
+        loop.start()
+        while not sched.serving:
+            time.sleep(0.01)
+        vectors = engine.embed(["a short text"], pooling="mean")
+        assert vectors.shape == (1, engine.info.n_embd) and seen == [loop.ident]
+        with pytest.raises(ZeroDivisionError):
+            sched.run_between_steps(lambda: 1 / 0)
+        assert sched.run_between_steps(threading.get_ident) == loop.ident
+    finally:
+        stop.set()
+        sched.wake()
+        loop.join(timeout=30)
+        engine.model.embed = real_embed
+    assert not loop.is_alive() and not sched.serving
+    assert sched.run_between_steps(threading.get_ident) == threading.get_ident()
