@@ -213,7 +213,7 @@ def _offer(x, i, out_vals, out_ids, k):
     return 1 if v != v else 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _top_k_kernel(x, k, out_vals, out_ids):
     """The k largest entries of x (ties: lowest index first) into out_*, as a min-heap (unsorted).
     Returns the number of entries that are NaN or +inf (which the caller rejects).
@@ -251,7 +251,7 @@ def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
     return ids[order], vals[order], bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _nucleus(vals, top_p, log_min_p, min_keep):
     """How many of the candidates (logits sorted descending) top-p and then min-p keep, as the
     general path below computes it: the smallest prefix whose float32 softmax mass reaches top_p
@@ -278,7 +278,7 @@ def _nucleus(vals, top_p, log_min_p, min_keep):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _draw(vals, n, temperature, u, probs):
     """The position drawn among the first n candidates (sorted logits) at `temperature`, with u
     uniform in [0, 1); probs[:n] = their probabilities."""

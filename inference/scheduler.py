@@ -206,6 +206,7 @@ class Scheduler:
         self._step_lock = threading.Lock()  # one decode at a time
         self._work = threading.Condition(self._lock)
         self._jobs: list[_Job] = []  # run_between_steps' calls waiting for the serve loop
+        self._kv_used: int | None = None  # KV cells in use, counted once per step's events
         self.serving = False
         # llama-server's /metrics counters (server_metrics): prompt tokens evaluated and found
         # cached, decode calls and the slots in each, the longest sequence seen
@@ -506,6 +507,7 @@ class Scheduler:
                            t_decode: float) -> None:
         """Samples the next token of every slot that got logits and emits its events."""
         now = time.perf_counter()
+        self._kv_used = self.model.kv.used_cells  # the same for every event of the step
         for slot, row in outputs:
             req = slot.request
             if req is None:
@@ -518,6 +520,7 @@ class Scheduler:
                 self._fail(slot, e)
         n_gen = sum(1 for s, _ in outputs if s.state == SlotState.GENERATING)
         self.stats["t_generation"] += t_decode if n_gen else 0.0
+        self._kv_used = None
 
     def _prompt_done(self, slot: Slot, now: float) -> None:
         req = slot.request
@@ -590,7 +593,8 @@ class Scheduler:
             kind, n_prompt=len(req.prompt), n_reused=slot.n_reused,
             n_prompt_dropped=req.n_dropped, n_generated=slot.n_generated,
             prompt_tps=slot.prompt_tps, gen_tps=slot.n_generated / elapsed if elapsed > 0 else 0.0,
-            time_to_first_token=slot.ttft, kv_used=self.model.kv.used_cells,
+            time_to_first_token=slot.ttft,
+            kv_used=self.model.kv.used_cells if self._kv_used is None else self._kv_used,
             kv_total=self.model.n_ctx, slot=slot.id, **fields)
 
     def _fail(self, slot: Slot, e: BaseException) -> None:
