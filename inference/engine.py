@@ -324,8 +324,8 @@ class Engine:
             if len(ids) > limit:
                 raise ContextFullError(f"input {i} is {len(ids)} tokens; this model embeds at "
                                        f"most {limit} at once", len(ids), limit)
-        def forward() -> np.ndarray:  # between steps, on the stepping thread; no slot is
-            self._check_open()          # claimed: embeddings do not use the cache
+        def forward() -> np.ndarray:  # no slot is claimed: embeddings do not use the cache
+            self._check_open()
             return self.model.embed(seqs, pooling)
         return normalize(self.scheduler.run_between_steps(forward), normalize_as)
 

@@ -681,14 +681,11 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                             acc = vfma(vload(q, qo + c), _kv_vec(k, cells[i], ko + c), acc)
                         s[r, i] = vsum(acc)
             mx = np.float32(-np.inf)
-            if additive:
-                for i in range(span):
-                    x = _softcapped(s[r, i], softcap) * scale + mask[t, cells[i]]
-                    s[r, i] = x
-                    mx = max(mx, x)
-            elif softcap > np.float32(0.0):
+            if additive or softcap > np.float32(0.0):
                 for i in range(span):
                     x = _softcapped(s[r, i], softcap) * scale
+                    if additive:
+                        x += mask[t, cells[i]]
                     s[r, i] = x
                     mx = max(mx, x)
             else:
