@@ -27,6 +27,7 @@ the model loads on the CPU and `offload_note` says why in one line.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -169,8 +170,7 @@ class ForwardContext:
         key = ("cells", n_swa)
         cells = self._masks.get(key)
         if cells is None:
-            cells = self._masks[key] = ops.visible_cells(self.mask(n_swa),
-                                                         self.kv.cell_order(self.n_kv))
+            cells = self._masks[key] = ops.visible_cells(self.mask(n_swa), self.cell_order)
         return cells
 
     def sampled_cells(self, n_swa: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -180,8 +180,14 @@ class ForwardContext:
         cells = self._masks.get(key)
         if cells is None:
             cells = self._masks[key] = (self.out_rows, ops.visible_cells(
-                self.mask(n_swa)[self.out_rows], self.kv.cell_order(self.n_kv)))
+                self.mask(n_swa)[self.out_rows], self.cell_order))
         return cells
+
+    @functools.cached_property
+    def cell_order(self) -> np.ndarray:
+        """Cells [0, n_kv) by position (KVCache.cell_order), sorted once per batch for every
+        window and row set that lists visible cells."""
+        return self.kv.cell_order(self.n_kv)
 
     def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
