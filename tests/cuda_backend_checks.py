@@ -336,6 +336,7 @@ class _Batch:
         self.cells, self.seq_first, self.n_tokens = cells, seq_first, tokens.size
         self.out_rows = np.arange(tokens.size)
         self.n_kv = cache.n_kv()
+        self.cell_order = cache.cell_order(self.n_kv)
         self.model = types.SimpleNamespace(n_ubatch=16)
         self._masks = {}
         self.mask = types.MethodType(ForwardContext.mask, self)
