@@ -22,9 +22,10 @@ from llamatui.app.tui_chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_R
 from llamatui.app.tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
                                      ExportModal, HelpScreen, SettingsModal, WelcomeScreen)
 from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage, model_display_name
+from llamatui.inference import template_sandbox
 from llamatui.models import store as model_store
 
-from tui_helpers import (FAST, SIZE, GatedLoader, SharedLoader, engine_ready,
+from tui_helpers import (FAST, SIZE, GatedLoader, SharedLoader, chat_state, engine_ready,
                          fake_pip_download_from, make_app, reply_finished, seed_chat, wait_for,
                          with_chat_template)
 
@@ -744,17 +745,25 @@ def hostile_model(smollm2_path, tmp_path_factory):
 
 
 def end_threads_left_rendering(threads) -> None:
-    """Test hygiene: ends the generation threads a test left in a template render (Python code,
-    so an exception raised in the thread ends it), rather than share the CPU with them for the
-    rest of the session. The app itself never needs this: it does not wait for them."""
+    """Test hygiene: ends the generation threads a test left waiting on a template render (an
+    exception raised in the thread ends it once its wait returns, within the render's time
+    limit) and waits for them, so that later tests find the template worker free. The app
+    itself never needs this: it does not wait for them."""
+    ending = []
     for thread in threads:
         # the chat template worker's reply reader is the sandbox's, shared with later tests
         if thread.is_alive() and thread.name != "chat-template-replies":
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
                                                       ctypes.py_object(SystemExit))
+            ending.append(thread)
+    for thread in ending:
+        thread.join(timeout=2 * template_sandbox.TIME_LIMIT_S + 5)
 
 
-def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model):
+def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model, monkeypatch):
+    # the render must still run when the test looks, however slow the machine: the usual
+    # 1 s limit could pass before a loaded CI runner's Pilot has pressed Enter
+    monkeypatch.setattr(template_sandbox, "TIME_LIMIT_S", 5.0)
     set_defaults(home)
     before = set(threading.enumerate())
 
@@ -763,20 +772,26 @@ def test_stop_and_quit_while_the_chat_template_renders(home, hostile_model):
         async with app.run_test(size=SIZE) as pilot:
             await engine_ready(app)
             chat = app.chat
+
+            async def still_rendering(started_before: int) -> None:
+                # gen_id counts the replies started, so a reply that ends at once is seen too
+                await wait_for(lambda: chat.gen_id > started_before, 30, "the reply to start",
+                               lambda: chat_state(app))
+                await pilot.pause(0.3)
+                assert chat.reply is not None and chat.reply.last_event is None, chat_state(app)
+
+            started = chat.gen_id
             await type_and_send(pilot, "Hello")
-            await wait_for(lambda: chat.reply is not None, 10, "the reply to start")
-            await pilot.pause(0.3)
-            assert chat.reply is not None and chat.reply.last_event is None  # rendering
+            await still_rendering(started)
             await pilot.press("escape")
             await wait_for(lambda: chat.reply is None, 3, "the stop")
             assert chat.panel.status == "Idle (stopped)"
             assert [m.role for m in chat.messages] == ["user"]  # nothing written, none kept
             assert [w.role for w in chat.query(ChatMessage)] == ["user"]
             # the chat still takes messages; quit while the next one's template renders
+            started = chat.gen_id
             assert await chat.send("Hello again")
-            await wait_for(lambda: chat.reply is not None, 10, "the next reply to start")
-            await pilot.pause(0.3)
-            assert chat.reply is not None and chat.reply.last_event is None
+            await still_rendering(started)
             t0 = time.monotonic()
             await pilot.press("ctrl+q")
         return t0

@@ -48,12 +48,25 @@ def make_app(**kwargs) -> LlamaTUI:
     return LlamaTUI(**kwargs)
 
 
-async def wait_for(condition, timeout: float = 60.0, what: str = "condition") -> None:
+async def wait_for(condition, timeout: float = 60.0, what: str = "condition",
+                   detail=None) -> None:
+    """Polls `condition` until it holds; on timeout the error names `what`, plus `detail()`
+    (the app's state, say) when given."""
     t0 = time.monotonic()
     while not condition():
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            more = f" ({detail()})" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{more}")
         await asyncio.sleep(0.02)
+
+
+def chat_state(app) -> str:
+    """What a failing chat test needs to know: the screens, the chat's messages and status, and
+    the last notifications."""
+    chat = app.chat
+    return (f"screens {[type(s).__name__ for s in app.screen_stack]}, "
+            f"messages {[m.role for m in chat.messages]}, status {chat.panel.status!r}, "
+            f"notifications {app.notifications_log[-3:]}")
 
 
 async def engine_ready(app, timeout: float = 120.0) -> None:
