@@ -310,9 +310,12 @@ class Scheduler:
             self._step_lock.release()
         return True
 
-    def serve_forever(self, stop: threading.Event, idle_wait: float = 0.5) -> None:
+    def serve_forever(self, stop: threading.Event, idle_wait: float = 0.5,
+                      after_step: Callable[[], object] | None = None) -> None:
         """The engine thread of a server: steps while there is work (and runs the calls
-        `run_between_steps` hands it), sleeps when there is none, until `stop` is set."""
+        `run_between_steps` hands it), sleeps when there is none, until `stop` is set.
+        after_step() runs on this thread after every step (a server hands a step's events on
+        in one go there)."""
         with self._lock:
             self.serving = True
         try:
@@ -324,6 +327,8 @@ class Scheduler:
                 with self._step_lock:
                     self._run_jobs()
                     self.step()
+                if after_step is not None:
+                    after_step()
         finally:
             with self._lock:
                 self.serving = False

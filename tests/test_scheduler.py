@@ -297,3 +297,32 @@ def test_work_between_steps_runs_on_the_serve_loops_thread(engine):
         engine.model.embed = real_embed
     assert not loop.is_alive() and not sched.serving
     assert sched.run_between_steps(threading.get_ident) == threading.get_ident()
+
+
+def test_serve_loop_calls_after_step_on_its_thread_once_the_steps_events_are_out(engine):
+    """A server hands each step's events to its event loop in one go, from `after_step`."""
+    sched = engine.scheduler
+    events, calls = [], []
+    stop = threading.Event()
+    loop = threading.Thread(target=sched.serve_forever, args=(stop,),
+                            kwargs={"after_step": lambda: calls.append(
+                                (threading.get_ident(), len(events)))}, daemon=True)
+    loop.start()
+    try:
+        req = sched.add_request(engine.tokenize("Once upon a time"),
+                                SamplingParams(temperature=0.0, max_tokens=4), events.append)
+        sched.wake()
+        assert req.done.wait(60)
+        deadline = time.monotonic() + 10
+        while (not calls or calls[-1][1] < len(events)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        sched.wake()
+        loop.join(timeout=30)
+    assert [e.kind for e in events] == ["prompt", "token", "token", "token", "token", "done"]
+    assert {ident for ident, _ in calls} == {loop.ident}
+    # every step ends with an after_step call that sees its events: the prompt step's (prompt
+    # and first token), one token each, then the last token with "done"
+    seen = [n for _, n in calls]
+    assert seen == sorted(seen) and sorted(set(seen)) == [2, 3, 4, 6]

@@ -388,3 +388,41 @@ def test_keep_alive_ticks_only_after_a_quiet_interval():
     assert asyncio.run(ticks(busy=True))[0] == 0
     n, elapsed = asyncio.run(ticks(busy=False))  # 0.5 s of silence: a tick per 0.2 s
     assert 2 <= n <= elapsed / 0.2
+
+
+def test_a_steps_events_wake_the_event_loop_once_the_step_is_over():
+    """The engine thread's events wait for its after-step hand-over and then take one loop
+    wake-up; a post from any other thread (a handler's) is scheduled at once."""
+    import asyncio
+    import threading
+
+    from llamatui.app.server.backend import Mailbox
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda fn, *args: (wakeups.append(fn), real(fn, *args))
+        box, queues = Mailbox(loop), [asyncio.Queue() for _ in range(8)]
+        before_hand_over = []
+
+        def engine_thread():
+            Mailbox.defer_on_this_thread()
+            for i, queue in enumerate(queues):  # one step: a token for each of eight slots
+                box.post(queue, i)
+            before_hand_over.append(len(wakeups))
+            Mailbox.hand_over_deferred()
+
+        thread = threading.Thread(target=engine_thread)
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        await asyncio.sleep(0.05)
+        got = [queue.get_nowait() for queue in queues]
+        n_step_wakeups = wakeups.count(box._deliver)
+        box.post(queues[0], "from the loop's thread")
+        await asyncio.sleep(0.01)
+        return before_hand_over, n_step_wakeups, got, wakeups.count(box._deliver), queues[0]
+
+    before, n_step_wakeups, got, n_wakeups, first = asyncio.run(scenario())
+    assert before == [0] and n_step_wakeups == 1 and got == list(range(8))
+    assert n_wakeups == 2 and first.get_nowait() == "from the loop's thread"

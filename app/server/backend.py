@@ -5,8 +5,9 @@ event loop.
 - Blocking calls (chat templates render in a worker process, tokenizing, queueing a request,
   which takes the scheduler's lock) run in a small thread pool: `await backend.call(fn, ...)`.
 - A `Run` is the scheduler requests of one HTTP request (its n choices); the engine thread hands
-  their events to the event loop through the loop's `Mailbox`, into one asyncio queue per run:
-  a step that emits a token for each of eight streams wakes the loop once, not eight times.
+  their events to the event loop through the loop's `Mailbox`, into one asyncio queue per run,
+  once the step is over: a step that emits a token for each of eight streams wakes the loop
+  once, not eight times (`benchmarks/serve_load.py`'s eight streams: +7 % tok/s).
 - Cancelling a run (the client went away) cancels its requests and reaps them at once: queued,
   prefilling or generating, their slots are idle again before the next step (llama-server leaves
   them running: its issues #11720, #13262).
@@ -62,10 +63,15 @@ class Backend:
         sched = engine.scheduler
         if self.max_queue is not None:
             sched.max_queue = self.max_queue
-        self._thread = threading.Thread(target=sched.serve_forever, args=(self._stop,),
+        self._thread = threading.Thread(target=self._serve, args=(sched,),
                                         name="llamatui-engine", daemon=True)
         self._thread.start()
         self.state = READY
+
+    def _serve(self, sched) -> None:
+        """The engine thread: the events it posts wait for the end of their step (Mailbox)."""
+        Mailbox.defer_on_this_thread()
+        sched.serve_forever(self._stop, after_step=Mailbox.hand_over_deferred)
 
     @property
     def scheduler(self):
@@ -108,17 +114,20 @@ _TICK = (None, None)  # a keep-alive tick in a run's queue
 
 
 class Mailbox:
-    """Events from the engine thread to one event loop's queues. The first event of a burst
-    schedules one loop callback (`call_soon_threadsafe`: a write to the loop's wake-up pipe)
-    that delivers every event posted until it runs, so that a decode step of n slots costs
-    the loop one wake-up rather than n."""
+    """Events from the engine thread to one event loop's queues, handed over in one loop
+    callback (`call_soon_threadsafe`: a write to the loop's wake-up pipe) per burst. On the
+    engine thread (`defer_on_this_thread`) a step's events wait until the step is over
+    (`hand_over_deferred`): a step that samples eight slots then wakes the loop once, and the
+    loop's Python does not take the GIL from the sampling of the slots still to come."""
 
     _by_loop: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
+    _deferring: ClassVar[threading.local] = threading.local()
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._lock = threading.Lock()
         self._items: list = []
+        self._scheduled = False
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
@@ -127,12 +136,33 @@ class Mailbox:
             box = cls._by_loop[loop] = cls(loop)
         return box
 
+    @classmethod
+    def defer_on_this_thread(cls) -> None:
+        """From now on, what this thread posts is handed over by its `hand_over_deferred`."""
+        cls._deferring.boxes = set()
+
+    @classmethod
+    def hand_over_deferred(cls) -> None:
+        """On a deferring thread: schedules the delivery of what it posted since the last call."""
+        boxes, cls._deferring.boxes = cls._deferring.boxes, set()
+        for box in boxes:
+            box._schedule()
+
     def post(self, queue: asyncio.Queue, item) -> None:
         """From any thread: `queue.put_nowait(item)` on the loop, soon."""
         with self._lock:
             self._items.append((queue, item))
-            if len(self._items) > 1:
-                return  # a delivery is already scheduled
+        deferred = getattr(self._deferring, "boxes", None)
+        if deferred is not None:
+            deferred.add(self)
+        else:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        with self._lock:
+            if self._scheduled or not self._items:
+                return  # a delivery is already on its way
+            self._scheduled = True
         try:
             self._loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:
@@ -140,7 +170,7 @@ class Mailbox:
 
     def _deliver(self) -> None:
         with self._lock:
-            items, self._items = self._items, []
+            items, self._items, self._scheduled = self._items, [], False
         for queue, item in items:
             queue.put_nowait(item)
 
