@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from .matmul_simd import vflag_above, vload
+from .matmul_simd import vadd, vflag_above, vload, vsub, vsum, vzero
 
 __all__ = ["SamplingParams", "Sampler", "StopStringMatcher"]
 
@@ -242,6 +242,50 @@ def _top_k_kernel(x, k, out_vals, out_ids):
     return bad
 
 
+@njit(cache=True, nogil=True)
+def _all_finite_kernel(x):
+    # x - x is 0 for a finite x and NaN for NaN or an infinity; the NaN survives the sums
+    n = x.shape[0]
+    acc = vzero()
+    i = 0
+    while i + 16 <= n:
+        v = vload(x, i)
+        acc = vadd(acc, vsub(v, v))
+        i += 16
+    total = vsum(acc)
+    for j in range(i, n):
+        total += x[j] - x[j]
+    return total == 0
+
+
+def all_finite(row: np.ndarray) -> bool:
+    """No NaN or infinity in a row of logits: one vectorized pass (numpy's isfinite().all()
+    writes a bool per logit and reads them again, ~15 µs for a 49k vocabulary not in cache)."""
+    if row.dtype == np.float32 and row.ndim == 1 and row.flags.c_contiguous:
+        return bool(_all_finite_kernel(row))
+    return bool(np.isfinite(row).all())
+
+
+@njit(cache=True, nogil=True)
+def _top_k_sorted(x, k, top_p, log_min_p, min_keep, ids, vals):
+    """llama.cpp's default chain up to the draw in one call: the k largest logits sorted
+    (descending, ties lower id first, as `_top_k`), then how many top-p and min-p keep
+    (`_nucleus`). Returns -1 when x holds NaN or +inf, or when the best candidate is -inf
+    (the general path then says which)."""
+    if _top_k_kernel(x, k, vals, ids):
+        return -1
+    for i in range(1, k):  # insertion sort of k (40) candidates
+        v, d = vals[i], ids[i]
+        j = i - 1
+        while j >= 0 and (vals[j] < v or (vals[j] == v and ids[j] > d)):
+            vals[j + 1], ids[j + 1] = vals[j], ids[j]
+            j -= 1
+        vals[j + 1], ids[j + 1] = v, d
+    if not vals[0] > -np.inf:
+        return -1
+    return _nucleus(vals, top_p, log_min_p, min_keep)
+
+
 def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(ids, logits) of the k largest logits, sorted descending (ties: lower id first)."""
     vals = np.empty(k, dtype=np.float32)
@@ -363,6 +407,7 @@ class Sampler:
             and params.presence_penalty == 0.0)
         self._history: deque[int] = deque()
         self._counts: dict[int, int] = {}
+        self._log_min_p = np.float32(math.log(params.min_p) if params.min_p > 0.0 else -math.inf)
 
         self.seed: int = 0
         self._rng: np.random.Generator
@@ -429,13 +474,18 @@ class Sampler:
             x[ids] = v
         return x
 
-    def _sample_sorted(self, ids: np.ndarray, vals: np.ndarray) -> int:
-        """The rest of the chain (top-p, min-p, temperature, draw) for the top-k candidates,
-        sorted: the common case (llama.cpp's defaults) in two compiled steps rather than a
-        dozen numpy calls, the same choices as the general path below."""
+    def _sample_top_k(self, x: np.ndarray) -> int | None:
+        """top-k, top-p, min-p, temperature and the draw: the common case (llama.cpp's
+        defaults) in two compiled steps rather than a dozen numpy calls, the same choices as
+        the general path below; None when the logits hold NaN or +inf or only -inf (the
+        general path then raises the error that says which)."""
         p = self.params
-        log_min_p = math.log(p.min_p) if p.min_p > 0.0 else -math.inf
-        n = _nucleus(vals, np.float32(p.top_p), np.float32(log_min_p), max(p.min_keep, 1))
+        ids = np.empty(p.top_k, np.int64)
+        vals = np.empty(p.top_k, np.float32)
+        n = _top_k_sorted(x, p.top_k, np.float32(p.top_p), self._log_min_p,
+                          max(p.min_keep, 1), ids, vals)
+        if n < 0:
+            return None
         ids, vals = ids[:n], vals[:n]
         if n == 1:
             self.last_candidates = (ids, np.ones(1, dtype=np.float32))
@@ -467,10 +517,12 @@ class Sampler:
 
         # top-k
         if 0 < p.top_k < n:
+            if p.typical_p >= 1.0:
+                token = self._sample_top_k(x)
+                if token is not None:
+                    return token
             ids, vals, bad = _top_k(x, p.top_k)
             is_sorted = True
-            if p.typical_p >= 1.0 and not bad and vals[0] > -np.inf:
-                return self._sample_sorted(ids, vals)
         else:
             bad = int(np.count_nonzero(np.isnan(x) | (x == np.inf)))
             ids, vals = np.arange(n, dtype=np.int64), x

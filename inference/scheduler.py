@@ -55,7 +55,7 @@ import numpy as np
 from .constraint import Constraint, ConstraintError, ConstraintSpec
 from .matmul import int8_decode
 from .model import Batch
-from .sampling import Sampler, SamplingParams, StopStringMatcher
+from .sampling import Sampler, SamplingParams, StopStringMatcher, all_finite
 
 __all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "GenerationEvent",
            "NonFiniteLogitsError", "QueueFullError", "Request", "Scheduler", "SlotState"]
@@ -543,7 +543,7 @@ class Scheduler:
         """The slot's next token(s) from its logits: one sampled token, plus what a constraint
         then forces; or, when a constraint forces tokens before any sampling, those alone."""
         req = slot.request
-        if not np.isfinite(row).all():
+        if not all_finite(row):
             raise NonFiniteLogitsError(
                 "the model produced non-finite logits (NaN or infinity): its weights or "
                 "metadata are broken")

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from llamatui.inference.sampling import Sampler, SamplingParams, StopStringMatcher
+from llamatui.inference.sampling import Sampler, SamplingParams, StopStringMatcher, all_finite
 
 # every filter off, temperature 1: draws follow softmax(logits) exactly
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, temperature=1.0)
@@ -256,6 +256,31 @@ def test_top_k_keeps_the_k_largest_with_ties_to_lower_ids():
         ids = s.last_candidates[0]
         expected = np.lexsort((np.arange(len(x)), -x))[:k]
         assert sorted(ids.tolist()) == sorted(expected.tolist())
+
+
+def test_top_k_candidates_are_ordered_by_logit_then_id_with_their_probabilities():
+    rng = np.random.default_rng(9)
+    x = (rng.integers(0, 30, size=49_152) / 4).astype(np.float32)  # many ties at the top
+    s = Sampler(SamplingParams(seed=0, **{**PLAIN, "top_k": 40, "temperature": 0.7}), len(x))
+    s.sample(x)
+    ids, probs = s.last_candidates
+    expected = np.lexsort((np.arange(len(x)), -x))[:40]
+    assert ids.tolist() == expected.tolist()
+    e = np.exp((x[expected] - x[expected[0]]).astype(np.float64) / np.float32(0.7))
+    np.testing.assert_allclose(probs, e / e.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 49_152, 49_155])
+def test_all_finite_sees_nan_and_infinities_in_blocks_and_tail(n):
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    assert all_finite(x) and all_finite(x[::2]) and all_finite(x.astype(np.float64))
+    for where in {0, n // 2, n - 1}:
+        for value in (np.nan, np.inf, -np.inf):
+            y = x.copy()
+            y[where] = value
+            assert not all_finite(y) and not all_finite(y.astype(np.float64))
+    big = np.full(n, np.finfo(np.float32).max, np.float32)  # finite, though their sum is not
+    assert all_finite(big)
 
 
 @pytest.mark.parametrize("where", [5, 30_001, 49_151])
