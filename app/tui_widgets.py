@@ -196,6 +196,7 @@ class EnginePanel(Vertical):
         self.kv_used = 0
         self.t_start = self.t_gen = None  # generation start; first "prompt" event's arrival
         self.mask_ms: float | None = None  # constraint work per token; None: free text
+        self._shown: dict[str, object] = {}  # what each widget shows: unchanged, not redrawn
 
     def compose(self) -> ComposeResult:
         yield Label("Engine", classes="panel-title")
@@ -283,7 +284,8 @@ class EnginePanel(Vertical):
                 self.ttft = event.time_to_first_token
             self.status = f"Idle ({FINISH_LABELS.get(event.finish_reason, event.finish_reason)})"
             self.t_start = self.t_gen = None
-        self.refresh_all()
+        if event.kind != "token":  # a token's numbers wait for the next tick (4 a second):
+            self.refresh_all()  # redrawn per token, the panel took the GIL from the engine
 
     def end_generation(self, status: str) -> None:
         self.status = status
@@ -313,54 +315,67 @@ class EnginePanel(Vertical):
         if not self.is_mounted:
             return
         info = self.info
-        facts = Table.grid(padding=(0, 1))
-        facts.add_column(style="dim", no_wrap=True)
-        facts.add_column(overflow="fold")
         if info is None:
-            facts.add_row("Model", "–")
+            facts = [("Model", "–")]
         else:
-            facts.add_row("Model", self.model_name)
-            facts.add_row("File", pathlib.Path(info.path).name)
-            facts.add_row("Arch", f"{info.architecture}, {info.n_layer} layers")
-            facts.add_row("Quant", f"{info.quantization}, {fmt_bytes(info.file_bytes)}")
-            facts.add_row("Params", fmt_count(info.n_params))
-            facts.add_row("Context", f"{info.n_ctx} (trained {info.n_ctx_train})")
+            facts = [("Model", self.model_name),
+                     ("File", pathlib.Path(info.path).name),
+                     ("Arch", f"{info.architecture}, {info.n_layer} layers"),
+                     ("Quant", f"{info.quantization}, {fmt_bytes(info.file_bytes)}"),
+                     ("Params", fmt_count(info.n_params)),
+                     ("Context", f"{info.n_ctx} (trained {info.n_ctx_train})")]
             gpu = gpu_fact(info)
             if gpu:
-                facts.add_row("GPU", gpu)
-        self.query_one("#model-facts", Static).update(facts)
+                facts.append(("GPU", gpu))
+        self._show_table("#model-facts", facts, overflow="fold")
 
-        run = Table.grid(padding=(0, 1))
-        run.add_column(style="dim", no_wrap=True)
-        run.add_column()
-        run.add_row("Status", self.status)
         prompt = f"{self.n_prompt} tok"
         if self.n_reused:
             prompt += f" ({self.n_reused} cached)"
-        run.add_row("Prompt", prompt)
         if self.t_start is not None and self.t_gen is None:
-            run.add_row("Prompt t/s", self._timing(time.monotonic() - self.t_start,
-                                                   "… {:.1f} s"))
+            prompt_tps = self._timing(time.monotonic() - self.t_start, "… {:.1f} s")
         else:
-            run.add_row("Prompt t/s", self._timing(self.prompt_tps, "{:.1f}"))
-        run.add_row("Generated", f"{self.n_generated} tok")
-        run.add_row("Gen t/s", self._timing(self.gen_tps, "{:.1f}"))
-        run.add_row("First token", self._timing(self.ttft, "{:.2f} s"))
+            prompt_tps = self._timing(self.prompt_tps, "{:.1f}")
+        run = [("Status", self.status), ("Prompt", prompt), ("Prompt t/s", prompt_tps),
+               ("Generated", f"{self.n_generated} tok"),
+               ("Gen t/s", self._timing(self.gen_tps, "{:.1f}")),
+               ("First token", self._timing(self.ttft, "{:.2f} s"))]
         if self.mask_ms is not None:  # the reply follows a JSON output setting
-            run.add_row("Constrained", self._timing(self.mask_ms, "mask {:.3f} ms/tok"))
-        self.query_one("#run-stats", Static).update(run)
+            run.append(("Constrained", self._timing(self.mask_ms, "mask {:.3f} ms/tok")))
+        self._show_table("#run-stats", run)
 
-        gauge = self.query_one("#kv-gauge", ProgressBar)
         if info is None:
-            gauge.update(total=1, progress=0)
-            self.query_one("#kv-detail", Label).update("–")
+            gauge, detail = (1, 0), "–"
         else:
             used = min(self.kv_used, info.n_ctx)
-            gauge.update(total=info.n_ctx, progress=used)
-            self.query_one("#kv-detail", Label).update(
-                f"{used} / {info.n_ctx} cells\n"
-                f"{fmt_bytes(info.kv_bytes * used / info.n_ctx)} of "
-                f"{fmt_bytes(info.kv_bytes)} ({info.cache_type_k}/{info.cache_type_v})")
+            gauge = (info.n_ctx, used)
+            detail = (f"{used} / {info.n_ctx} cells\n"
+                      f"{fmt_bytes(info.kv_bytes * used / info.n_ctx)} of "
+                      f"{fmt_bytes(info.kv_bytes)} ({info.cache_type_k}/{info.cache_type_v})")
+        if self._changed("#kv-gauge", gauge):
+            self.query_one("#kv-gauge", ProgressBar).update(total=gauge[0], progress=gauge[1])
+        if self._changed("#kv-detail", detail):
+            self.query_one("#kv-detail", Label).update(detail)
+
+    def _changed(self, widget_id: str, content) -> bool:
+        """Whether `content` differs from what the widget shows (then it is noted as shown):
+        an update relays the whole screen out, so an unchanged one is skipped."""
+        if self._shown.get(widget_id) == content:
+            return False
+        self._shown[widget_id] = content
+        return True
+
+    def _show_table(self, widget_id: str, rows: list[tuple[str, str]],
+                    overflow: str = "ellipsis") -> None:
+        """rows as a two-column grid (dim labels) in the Static `widget_id`, if they changed."""
+        if not self._changed(widget_id, rows):
+            return
+        table = Table.grid(padding=(0, 1))
+        table.add_column(style="dim", no_wrap=True)
+        table.add_column(overflow=overflow)
+        for label, value in rows:
+            table.add_row(label, value)
+        self.query_one(widget_id, Static).update(table)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,10 +13,11 @@ from dataclasses import replace
 import pytest
 from textual.command import CommandList
 from textual.geometry import Region
-from textual.widgets import Footer, Input, Label, Markdown, OptionList, TextArea
+from textual.widgets import Footer, Input, Label, Markdown, OptionList, Static, TextArea
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
 from llamatui.app.tui import EngineLoader, LlamaTUI
+from llamatui.app import tui_chat
 from llamatui.app.tui_chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_READY,
                                    READING_FIRST_PROMPT, READING_PROMPT, ChatScreen)
 from llamatui.app.tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
@@ -141,15 +142,22 @@ def test_first_run_download_failure_is_a_notification(home, monkeypatch):
 # chatting
 
 
-def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatch):
-    set_defaults(home)
-    appended = []  # what the Markdown stream handed to the reply's widget, piece by piece
+def recording_appends(monkeypatch) -> list[str]:
+    """What the Markdown stream hands to a reply's widget, piece by piece."""
+    appended = []
     real_append = Markdown.append
 
     def recording_append(self, markdown):
         appended.append(markdown)
         return real_append(self, markdown)
     monkeypatch.setattr(Markdown, "append", recording_append)
+    return appended
+
+
+def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatch):
+    set_defaults(home)
+    monkeypatch.setattr(tui_chat, "STREAM_INTERVAL_S", 0.0)  # every token written at once
+    appended = recording_appends(monkeypatch)
 
     async def go():
         app = make_app(model=str(smollm2_path))
@@ -176,6 +184,58 @@ def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatc
     assert len(appended) >= 2 and "".join(appended) == expected
     assert saved(home) == {"Name a fruit.": [("user", "Name a fruit.", None),
                                             ("assistant", expected, "length")]}
+
+
+def test_reply_text_is_written_at_most_once_an_interval(home, smollm2_path, monkeypatch):
+    """The text that comes within STREAM_INTERVAL_S of a write waits for the next one (each
+    write lays the screen out again, Python that holds the engine's GIL); the finished reply
+    is rendered whole."""
+    set_defaults(home)
+    monkeypatch.setattr(tui_chat, "STREAM_INTERVAL_S", 60.0)
+    appended = recording_appends(monkeypatch)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await type_and_send(pilot, "Name a fruit.")
+            await reply_finished(app, 0)
+            return app.chat.query(ChatMessage).last().markdown.source
+
+    final = run(go())
+    expected = reference_reply(smollm2_path, [{"role": "user", "content": "Name a fruit."}])
+    assert final == expected
+    assert len(appended) == 1 and expected.startswith(appended[0]) and appended[0] != expected
+
+
+def test_engine_panel_redraws_only_what_changed_and_not_per_token(home, smollm2_path,
+                                                                   monkeypatch):
+    """A widget update lays the whole screen out again: the model's facts are not redrawn
+    while a reply runs, the run's numbers at the ticks (4 a second), not per token."""
+    set_defaults(home, replace(FAST, max_tokens=30))
+    updates = []
+    real_update = Static.update
+
+    def recording_update(self, *args, **kwargs):
+        updates.append(self.id)
+        return real_update(self, *args, **kwargs)
+
+    async def go():
+        app = make_app(model=str(smollm2_path))
+        async with app.run_test(size=SIZE) as pilot:
+            await engine_ready(app)
+            await pilot.pause()
+            monkeypatch.setattr(Static, "update", recording_update)
+            t0 = time.monotonic()
+            await type_and_send(pilot, "Name a fruit.")
+            await reply_finished(app, 0)
+            return time.monotonic() - t0, app.chat.panel.n_generated
+
+    took, n_generated = run(go())
+    assert n_generated == 30
+    assert "model-facts" not in updates
+    # start, prompt and done, plus a tick each 0.25 s (and one more, to be safe)
+    assert 1 <= updates.count("run-stats") <= 4 + took / 0.25
 
 
 def test_ui_keeps_handling_input_while_generating_and_esc_stops(home, smollm2_path):
