@@ -66,6 +66,15 @@ async def type_and_send(pilot, text):
     await pilot.press("enter")
 
 
+async def first_reply(pilot, text) -> ChatMessage:
+    """Once the engine is ready, `text` sent and the reply written: the reply's widget."""
+    app = pilot.app
+    await engine_ready(app)
+    await type_and_send(pilot, text)
+    await reply_finished(app, 0)
+    return app.chat.query(ChatMessage).last()
+
+
 def reference_reply(smollm2_path, history, settings=FAST):
     """What the engine itself produces for this chat: the app must show exactly this."""
     engine = SharedLoader().load(str(smollm2_path), settings.n_ctx, lambda *a: None)
@@ -197,10 +206,7 @@ def test_reply_text_is_written_at_most_once_an_interval(home, smollm2_path, monk
     async def go():
         app = make_app(model=str(smollm2_path))
         async with app.run_test(size=SIZE) as pilot:
-            await engine_ready(app)
-            await type_and_send(pilot, "Name a fruit.")
-            await reply_finished(app, 0)
-            return app.chat.query(ChatMessage).last().markdown.source
+            return (await first_reply(pilot, "Name a fruit.")).markdown.source
 
     final = run(go())
     expected = reference_reply(smollm2_path, [{"role": "user", "content": "Name a fruit."}])
@@ -893,11 +899,8 @@ def test_the_chat_template_setting_speaks_to_the_model_in_that_template(home, sm
     async def go():
         app = make_app(model=str(smollm2_path))
         async with app.run_test(size=SIZE) as pilot:
-            await engine_ready(app)
-            await type_and_send(pilot, "Name a fruit.")
-            await reply_finished(app, 0)
-            template = app.chat.engine.template
-            return template.name, app.chat.query(ChatMessage).last().markdown.source
+            reply = await first_reply(pilot, "Name a fruit.")
+            return app.chat.engine.template.name, reply.markdown.source
 
     name, reply = run(go())
     assert name == "chatml"
