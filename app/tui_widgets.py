@@ -359,7 +359,7 @@ class EnginePanel(Vertical):
 
     def _changed(self, widget_id: str, content) -> bool:
         """Whether `content` differs from what the widget shows (then it is noted as shown):
-        an update relays the whole screen out, so an unchanged one is skipped."""
+        an update lays the whole screen out again, so an unchanged one is skipped."""
         if self._shown.get(widget_id) == content:
             return False
         self._shown[widget_id] = content

@@ -580,7 +580,7 @@ class Sampler:
 
         # min-p
         if p.min_p > 0.0 and len(ids) > 1:
-            log_min_p = np.float32(math.log(p.min_p))
+            log_min_p = self._log_min_p
             done = False
             if not is_sorted:
                 keep = vals >= vals.max() + log_min_p
