@@ -622,13 +622,17 @@ class ChatScreen(Screen):
                          time_to_first_token=round(event.time_to_first_token, 3))
         return stats
 
-    async def _finish_reply(self, finish: str, event) -> None:
-        reply, self.reply = self.reply, None
+    def _stop_timers(self, reply: Reply) -> None:
+        """The ended reply's pending text write and the live numbers' ticker."""
         if reply.show_timer is not None:
-            reply.show_timer.stop()  # the whole text is rendered below
+            reply.show_timer.stop()
         if self._ticker is not None:
             self._ticker.stop()
             self._ticker = None
+
+    async def _finish_reply(self, finish: str, event) -> None:
+        reply, self.reply = self.reply, None
+        self._stop_timers(reply)  # the whole text is rendered below
         await reply.stream.stop()
         text = reply.text
         stats = self._stats(event)
@@ -667,11 +671,7 @@ class ChatScreen(Screen):
         reply.stop.set()
         if self.engine is not None:
             self.engine.cancel()
-        if reply.show_timer is not None:
-            reply.show_timer.stop()
-        if self._ticker is not None:
-            self._ticker.stop()
-            self._ticker = None
+        self._stop_timers(reply)
         stats = self._stats(reply.last_event)
         if reply.text:
             self.store.update_message(reply.message_id, reply.text, "cancelled", stats)

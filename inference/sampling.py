@@ -267,21 +267,34 @@ def all_finite(row: np.ndarray) -> bool:
 
 
 @njit(cache=True, nogil=True)
+def _sorted_top_k(x, k, vals, ids):
+    """The k largest entries of x into vals/ids, sorted descending, ties lower id first (an
+    insertion sort for the usual few dozen; else by id, then a stable sort by logit). Returns
+    how many entries of x are NaN or +inf (then the order does not matter: the caller rejects)."""
+    bad = _top_k_kernel(x, k, vals, ids)
+    if k <= 64:
+        for i in range(1, k):
+            v, d = vals[i], ids[i]
+            j = i - 1
+            while j >= 0 and (vals[j] < v or (vals[j] == v and ids[j] > d)):
+                vals[j + 1], ids[j + 1] = vals[j], ids[j]
+                j -= 1
+            vals[j + 1], ids[j + 1] = v, d
+    else:
+        by_id = np.argsort(ids)
+        v, d = vals[by_id], ids[by_id]
+        order = np.argsort(-v, kind="mergesort")
+        vals[:] = v[order]
+        ids[:] = d[order]
+    return bad
+
+
+@njit(cache=True, nogil=True)
 def _top_k_sorted(x, k, top_p, log_min_p, min_keep, ids, vals):
     """llama.cpp's default chain up to the draw in one call: the k largest logits sorted
-    (descending, ties lower id first, as `_top_k`), then how many top-p and min-p keep
-    (`_nucleus`). Returns -1 when x holds NaN or +inf, or when the best candidate is -inf
-    (the general path then says which)."""
-    if _top_k_kernel(x, k, vals, ids):
-        return -1
-    for i in range(1, k):  # insertion sort of k (40) candidates
-        v, d = vals[i], ids[i]
-        j = i - 1
-        while j >= 0 and (vals[j] < v or (vals[j] == v and ids[j] > d)):
-            vals[j + 1], ids[j + 1] = vals[j], ids[j]
-            j -= 1
-        vals[j + 1], ids[j + 1] = v, d
-    if not vals[0] > -np.inf:
+    (`_sorted_top_k`), then how many top-p and min-p keep (`_nucleus`). Returns -1 when x holds
+    NaN or +inf, or when the best candidate is -inf (the general path then says which)."""
+    if _sorted_top_k(x, k, vals, ids) or not vals[0] > -np.inf:
         return -1
     return _nucleus(vals, top_p, log_min_p, min_keep)
 
@@ -290,9 +303,8 @@ def _top_k(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(ids, logits) of the k largest logits, sorted descending (ties: lower id first)."""
     vals = np.empty(k, dtype=np.float32)
     ids = np.empty(k, dtype=np.int64)
-    bad = _top_k_kernel(x, k, vals, ids)
-    order = np.lexsort((ids, -vals))
-    return ids[order], vals[order], bad
+    bad = _sorted_top_k(x, k, vals, ids)
+    return ids, vals, bad
 
 
 @njit(cache=True, nogil=True)

@@ -258,13 +258,14 @@ def test_top_k_keeps_the_k_largest_with_ties_to_lower_ids():
         assert sorted(ids.tolist()) == sorted(expected.tolist())
 
 
-def test_top_k_candidates_are_ordered_by_logit_then_id_with_their_probabilities():
+@pytest.mark.parametrize("k", [40, 300, 49_151])  # the usual few dozen, and far more
+def test_top_k_candidates_are_ordered_by_logit_then_id_with_their_probabilities(k):
     rng = np.random.default_rng(9)
     x = (rng.integers(0, 30, size=49_152) / 4).astype(np.float32)  # many ties at the top
-    s = Sampler(SamplingParams(seed=0, **{**PLAIN, "top_k": 40, "temperature": 0.7}), len(x))
+    s = Sampler(SamplingParams(seed=0, **{**PLAIN, "top_k": k, "temperature": 0.7}), len(x))
     s.sample(x)
     ids, probs = s.last_candidates
-    expected = np.lexsort((np.arange(len(x)), -x))[:40]
+    expected = np.lexsort((np.arange(len(x)), -x))[:k]
     assert ids.tolist() == expected.tolist()
     e = np.exp((x[expected] - x[expected[0]]).astype(np.float64) / np.float32(0.7))
     np.testing.assert_allclose(probs, e / e.sum(), rtol=1e-5)
