@@ -28,7 +28,8 @@ from . import ops
 from .catalog import GGML_TYPES
 from .gguf import release_pages
 from .kv_cache import HostKVStore
-from .matmul import embedding_rows, matmul, matmul_id, packed_weight
+from .matmul import embedding_rows, matmul, matmul_id, packed_product, packed_weight
+from .matmul_packed import fuse
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -64,7 +65,7 @@ class QWeight:
     """A weight matrix as stored in the GGUF file: `type` (ggml name), `rows` (uint8, one row of
     blocks per output: (n_out, row_bytes), zero-copy), `n_out`, `n_in`."""
 
-    __slots__ = ("name", "type", "rows", "n_out", "n_in", "packed")
+    __slots__ = ("name", "type", "rows", "n_out", "n_in", "packed", "fused")
 
     def __init__(self, name: str, type_name: str, rows: np.ndarray, n_out: int, n_in: int):
         self.name, self.type, self.rows = name, type_name, rows
@@ -72,6 +73,9 @@ class QWeight:
         # the CPU's interleaved copy for matmul (matmul.packed_weight), made at the first product
         # (a tensor only looked up, as an untied token embedding, is never copied); False: none
         self.packed = None
+        # on the first of matrices multiplied together (CPUBackend.matmul_many): (the matrices,
+        # their packed copies as one), made at their first product; False: they cannot be
+        self.fused = None
 
     @classmethod
     def from_tensor(cls, tensor) -> "QWeight":
@@ -194,6 +198,11 @@ class Backend(ABC):
     def matmul(self, w, x):
         """x (n, n_in) float32 times wᵀ: (n, n_out)."""
 
+    def matmul_many(self, ws, x) -> list:
+        """x times each of several matrices that read it (Q, K and V; gate and up): their
+        products as `matmul` gives them, which a backend may compute as one."""
+        return [self.matmul(w, x) for w in ws]
+
     @abstractmethod
     def matmul_id(self, w, x, ids: np.ndarray):
         """ggml_mul_mat_id: each token times the matrices of the experts chosen for it. ids:
@@ -299,6 +308,38 @@ class CPUBackend(Backend):
             # read once to pack, chunk by chunk: then only the packed copy stays resident
             w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
         return matmul(w.type, w.rows, x, packed=w.packed or None)
+
+    def matmul_many(self, ws, x: np.ndarray) -> list[np.ndarray]:
+        """x (n, n_in) times each of `ws`: one product where their packed copies could be fused
+        (same format and input size: matmul_packed.fuse), so that a step launches the threads
+        and quantizes x once instead of once per matrix (on SmolLM2 7 products a layer become
+        4); else one product each. Each result is its own C-contiguous array either way."""
+        ws = tuple(ws)
+        fused = ws[0].fused
+        if fused is None:
+            fused = ws[0].fused = self._fuse(ws)
+        if fused and fused[0] == ws:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            if x.ndim != 2 or x.shape[1] != ws[0].n_in:
+                raise ValueError(f"matmul {ws[0]}: input of shape {x.shape}")
+            outs = packed_product(fused[1], x)
+            if outs is not None:
+                return outs
+        return [self.matmul(w, x) for w in ws]
+
+    def _fuse(self, ws: tuple) -> tuple | bool:
+        """(ws, their packed copies as one), each w.packed becoming a view of it; False when
+        they are not all packed of one format and input size."""
+        for w in ws:
+            if w.packed is None:
+                w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
+        if len(ws) < 2 or not all(w.packed for w in ws) \
+                or len({(w.type, w.n_in) for w in ws}) > 1:
+            return False
+        whole, parts = fuse([w.packed for w in ws])
+        for w, part in zip(ws, parts):
+            w.packed = part
+        return ws, whole
 
     def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """x (n, n_in) or (n, n_used, n_in) times the experts `ids` (n, n_used) chose:

@@ -70,7 +70,7 @@ from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
 from .matmul_simd import HAS_AVX512_BF16, HAS_INT8_DOT
 
 __all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types", "int8_decode",
-           "packed_weight",
+           "packed_weight", "packed_product",
            "DECODE_MAX_TOKENS", "BATCH_DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES",
            "PARALLEL_MIN_FLOPS", "PARALLEL_MIN_VALUES"]
 
@@ -229,6 +229,18 @@ def packed_weight(type_name: str, weight: np.ndarray,
     return matmul_packed.pack(type_name, weight, release)
 
 
+def packed_product(packed: matmul_packed.PackedWeight,
+                   x: np.ndarray) -> list[np.ndarray] | None:
+    """x (n, n_in) float32, C-contiguous, times a packed matrix (`packed_weight`), or several
+    fused by `matmul_packed.fuse`: float32 (n, rows), one for each; None while the packed
+    kernels are off (USE_INT8 false: then `matmul` takes each matrix's rows)."""
+    if not USE_INT8:
+        return None
+    # a token costs about a fourth of the first (the block is loaded once per 8 tokens)
+    return matmul_packed.matmul(packed, x, packed.nbytes * (x.shape[0] + 3) // 4
+                                < PARALLEL_MIN_BYTES)
+
+
 def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
            packed: matmul_packed.PackedWeight | None = None) -> np.ndarray:
     """x @ W.T for a ggml-quantized weight: float32 (n_tokens, out_features).
@@ -252,8 +264,7 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
                          f"in_features ({w.shape[1]} bytes a row)")
     n, n_out = x.shape[0], w.shape[0]
     if packed is not None and USE_INT8:
-        # a token costs about a fourth of the first (the block is loaded once per 8 tokens)
-        out = matmul_packed.matmul(packed, x, packed.nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES)
+        (out,) = packed_product(packed, x)
         return out[0] if squeeze else out
     batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % 32 == 0 and type_name != "F32"
     out = np.empty((-(-n // 4) * 4 if batch else n, n_out), np.float32)  # whole tiles of 4

@@ -48,11 +48,13 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's res
 
 class PackedWeight(NamedTuple):
     """A matrix's rows interleaved by `pack`: data uint8 (n_out / 16, blocks per row, group block
-    bytes)."""
+    bytes); parts: int64 bounds of the rows of the matrices it holds, [0, n_out] for one, more
+    for several fused (`fuse`): a product gives each its own C-contiguous result."""
     type_name: str
     data: np.ndarray
     n_out: int
     n_in: int
+    parts: np.ndarray
 
     @property
     def nbytes(self) -> int:
@@ -127,7 +129,34 @@ def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
         if release is not None:
             release(weight[r0:r1])
     data.flags.writeable = False  # one compiled signature, as the file's rows
-    return PackedWeight(type_name, data, n_out, nb * QK)
+    return PackedWeight(type_name, data, n_out, nb * QK, _bounds([n_out]))
+
+
+def _bounds(n_outs) -> np.ndarray:
+    bounds = np.zeros(len(n_outs) + 1, np.int64)
+    np.cumsum(n_outs, out=bounds[1:])
+    bounds.flags.writeable = False
+    return bounds
+
+
+def fuse(parts: list[PackedWeight]) -> tuple[PackedWeight, list[PackedWeight]]:
+    """Packed matrices of one format and input size as one (their rows one after the other,
+    as a fused QKV matrix is) and each again as a view of it: a product of the whole gives
+    every part's result (each row's sums are computed on their own), in one launch and one
+    quantization of the activations, for the memory of one copy."""
+    first = parts[0]
+    if any(p.type_name != first.type_name or p.n_in != first.n_in or len(p.parts) != 2
+           for p in parts):
+        raise ValueError("fuse: packed matrices of different formats or input sizes")
+    data = np.concatenate([p.data for p in parts])
+    data.flags.writeable = False
+    views, g0 = [], 0
+    for p in parts:
+        g1 = g0 + p.data.shape[0]
+        views.append(PackedWeight(p.type_name, data[g0:g1], p.n_out, p.n_in, p.parts))
+        g0 = g1
+    n_outs = [p.n_out for p in parts]
+    return PackedWeight(first.type_name, data, sum(n_outs), first.n_in, _bounds(n_outs)), views
 
 
 # ================================================================== one token, one block
@@ -184,8 +213,9 @@ def _block_q8_0(wp, o, xq, xo, xd, xs32, bi, acc):
 # ================================================================== kernels
 
 @njit(inline="always")
-def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
-    """out[t..t+7, 16g..16g+15]: 8 tokens, each block of the group loaded once for all 8"""
+def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
+    """the 16 results of group g for tokens t..t+7, token i's at out[o0 + i * N:]: each block of
+    the group loaded once for all 8"""
     a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
     a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
     o = g * nb * GB
@@ -201,68 +231,78 @@ def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
         a6 = block(wp, o, xq, xo + 6 * k, xd, xs32, bi + 6 * nb, a6)
         a7 = block(wp, o, xq, xo + 7 * k, xd, xs32, bi + 7 * nb, a7)
         o += GB
-    r = GROUP * g
-    vstore(out, t * N + r, a0)
-    vstore(out, (t + 1) * N + r, a1)
-    vstore(out, (t + 2) * N + r, a2)
-    vstore(out, (t + 3) * N + r, a3)
-    vstore(out, (t + 4) * N + r, a4)
-    vstore(out, (t + 5) * N + r, a5)
-    vstore(out, (t + 6) * N + r, a6)
-    vstore(out, (t + 7) * N + r, a7)
+    vstore(out, o0 + t * N, a0)
+    vstore(out, o0 + (t + 1) * N, a1)
+    vstore(out, o0 + (t + 2) * N, a2)
+    vstore(out, o0 + (t + 3) * N, a3)
+    vstore(out, o0 + (t + 4) * N, a4)
+    vstore(out, o0 + (t + 5) * N, a5)
+    vstore(out, o0 + (t + 6) * N, a6)
+    vstore(out, o0 + (t + 7) * N, a7)
 
 
 @njit(inline="always")
-def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N):
-    """out[t, 16g..16g+15]: one token (the same operations as each of _tile8's)"""
+def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
+    """group g's 16 results for token t, at out[o0 + t * N:] (the same operations as each of
+    _tile8's)"""
     a = vzero()
     o = g * nb * GB
     for b in range(nb):
         a = block(wp, o, xq, t * k + b * QK, xd, xs32, t * nb + b, a)
         o += GB
-    vstore(out, t * N + GROUP * g, a)
+    vstore(out, o0 + t * N, a)
 
 
 @njit(inline="always")
-def _matmul(wp, x, out, serial, block):
-    """out (n, n_out) = x (n, k) @ W.T, parallel over groups of 16 rows unless `serial`"""
+def _matmul(wp, parts, x, out, serial, block):
+    """x (n, k) @ W.T into out (flat): part p's rows [parts[p], parts[p + 1]) as a C-contiguous
+    (n, rows) array from out[n * parts[p]]; parallel over groups of 16 rows unless `serial`"""
     threads = _serial_begin(serial)
     n_groups, nb, GB = wp.shape
     n, k = x.shape
-    N = out.shape[1]
     xq, xd, _, xs32 = quantize_activations(x, QK)
     for g in prange(n_groups):
+        p = 0
+        while parts[p + 1] <= GROUP * g:
+            p += 1
+        N = parts[p + 1] - parts[p]
+        o0 = n * parts[p] + GROUP * g - parts[p]
         t = 0
         while t + 8 <= n:
-            _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N)
+            _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
             t += 8
         while t < n:
-            _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, N)
+            _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
             t += 1
     _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
-def matmul_q4_0(wp, x, out, serial):
-    _matmul(wp, x, out, serial, _block_q4_0)
+def matmul_q4_0(wp, parts, x, out, serial):
+    _matmul(wp, parts, x, out, serial, _block_q4_0)
 
 
 @njit(parallel=True, **_JIT)
-def matmul_q4_1(wp, x, out, serial):
-    _matmul(wp, x, out, serial, _block_q4_1)
+def matmul_q4_1(wp, parts, x, out, serial):
+    _matmul(wp, parts, x, out, serial, _block_q4_1)
 
 
 @njit(parallel=True, **_JIT)
-def matmul_q8_0(wp, x, out, serial):
-    _matmul(wp, x, out, serial, _block_q8_0)
+def matmul_q8_0(wp, parts, x, out, serial):
+    _matmul(wp, parts, x, out, serial, _block_q8_0)
 
 
 KERNELS = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q8_0": matmul_q8_0}
 
 
-def matmul(packed: PackedWeight, x: np.ndarray, serial: bool) -> np.ndarray:
-    """x (n, n_in) float32 C-contiguous @ W.T: float32 (n, n_out)."""
-    out = np.empty((x.shape[0], packed.n_out), np.float32)
-    if x.shape[0]:
-        KERNELS[packed.type_name](packed.data, x, out, serial)
-    return out
+def matmul(packed: PackedWeight, x: np.ndarray, serial: bool) -> list[np.ndarray]:
+    """x (n, n_in) float32 C-contiguous @ W.T: float32 (n, rows) for each matrix it holds
+    (one unless fused), each C-contiguous."""
+    n = x.shape[0]
+    out = np.empty(n * packed.n_out, np.float32)
+    if n:
+        KERNELS[packed.type_name](packed.data, packed.parts, x, out, serial)
+    if len(packed.parts) == 2:
+        return [out.reshape(n, packed.n_out)]
+    bounds = packed.parts.tolist()
+    return [out[n * a:n * b].reshape(n, b - a) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -103,7 +103,7 @@ def test_the_backend_packs_a_matrix_at_its_first_product(smollm2_path):
         x = np.random.default_rng(9).standard_normal((2, w.n_in)).astype(np.float32)
         got = be.matmul(w, x)
         assert w.packed and w.packed.type_name == "Q4_1"
-        assert np.array_equal(got, matmul_packed.matmul(w.packed, x, True))
+        assert np.array_equal(got, matmul_packed.matmul(w.packed, x, True)[0])
 
 
 def test_a_packed_matrix_leaves_its_file_pages(smollm2_path):
@@ -132,3 +132,45 @@ def test_packing_in_chunks_releases_each_chunk(vectors, monkeypatch):
     assert np.array_equal(chunked.data, whole.data)
     assert [len(r) for r in released] == [32, 32, 32]
     assert np.array_equal(np.concatenate(released), raw)
+
+
+def test_matrices_of_one_input_are_multiplied_as_one_with_the_same_results(smollm2_path):
+    """matmul_many (Q, K, V; gate and up): one product over their packed copies fused, each
+    matrix's result bit for bit its own product's, and each packed copy a view of the fused one
+    (no second copy of the weights)"""
+    with GGUFFile.open(smollm2_path) as f:
+        be = CPUBackend()
+        names = ("attn_q", "attn_k", "attn_v")
+        ws = [be.weight(f.tensors[f"blk.4.{name}.weight"]) for name in names]
+        alone = [be.weight(f.tensors[f"blk.4.{name}.weight"]) for name in names]
+        x = np.random.default_rng(10).standard_normal((8, ws[0].n_in)).astype(np.float32)
+        for n in (0, 1, 8):
+            got = be.matmul_many(ws, x[:n])
+            assert [g.shape for g in got] == [(n, w.n_out) for w in ws]
+            for g, w in zip(got, alone):
+                assert g.flags.c_contiguous and np.array_equal(g, be.matmul(w, x[:n]))
+        matrices, whole = ws[0].fused
+        assert matrices == tuple(ws) and whole.n_out == sum(w.n_out for w in ws)
+        assert all(w.packed.data.base is whole.data for w in ws)
+        for w, a in zip(ws, alone):  # the parts still serve single products
+            assert np.array_equal(be.matmul(w, x), be.matmul(a, x))
+
+
+def test_matrices_that_cannot_be_fused_are_multiplied_one_by_one(smollm2_path):
+    """different input sizes (gate and down) or a matrix without a packed copy: separate
+    products, the same as matmul's"""
+    with GGUFFile.open(smollm2_path) as f:
+        be = CPUBackend()
+        gate, down = (be.weight(f.tensors[f"blk.0.ffn_{n}.weight"]) for n in ("gate", "down"))
+        x = np.random.default_rng(11).standard_normal((3, gate.n_in)).astype(np.float32)
+        with pytest.raises(ValueError, match="input of shape"):
+            be.matmul_many((gate, down), x)  # down reads n_ff values
+        assert gate.fused is False
+        q, k = (be.weight(f.tensors[f"blk.0.attn_{n}.weight"]) for n in ("q", "k"))
+        q.packed = False  # as a format without packed kernels
+        got = be.matmul_many((q, k), x)
+        assert q.fused is False and k.packed.data.base is None
+        assert np.array_equal(got[1], be.matmul(k, x))
+    with pytest.raises(ValueError, match="different formats"):
+        matmul_packed.fuse([matmul_packed.pack("Q4_1", np.zeros((16, 20), np.uint8)),
+                            matmul_packed.pack("Q8_0", np.zeros((16, 34), np.uint8))])

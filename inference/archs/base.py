@@ -327,8 +327,8 @@ class Transformer(Architecture):
         """(q, k, v) as (n, heads, head_dim), biases added and Q/K norms applied."""
         hp, be, n = ctx.hp, ctx.backend(il), ctx.n_tokens
         if L.wqkv is None:
-            q, k, v = (_linear(be, L.wq, h, L.bq), _linear(be, L.wk, h, L.bk),
-                       _linear(be, L.wv, h, L.bv))
+            q, k, v = be.matmul_many((L.wq, L.wk, L.wv), h)
+            q, k, v = (_add_bias(be, q, L.bq), _add_bias(be, k, L.bk), _add_bias(be, v, L.bv))
         else:  # build_qkv's views of the fused product; separate biases may come with it
             qkv = _linear(be, L.wqkv, h, L.bqkv)
             q_out, kv_out = hp.n_head * hp.head_dim_k, hp.n_head_kv * hp.head_dim_k
@@ -352,7 +352,7 @@ class Transformer(Architecture):
 
     def gated_ffn(self, be, w_gate, w_up, w_down, h):
         """llm_build_ffn with LLM_FFN_PAR: down(act(gate · h) * (up · h))."""
-        gate, up = be.matmul(w_gate, h), be.matmul(w_up, h)
+        gate, up = be.matmul_many((w_gate, w_up), h)
         return be.matmul(w_down, self.activate(be, gate, up))
 
     def activate(self, be, gate, up):
