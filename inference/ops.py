@@ -594,8 +594,7 @@ def _weighted_rows(s, r, span, v, cells, vo, d_v, o, oo):
 def _weighted_rows4(s, r0, nh, span, v, cells, vo, d_v, o, oo):
     """`_weighted_rows` for nh (3 or 4) rows r0.. of s at once, into o.flat[oo + h * d_v:],
     with the same sums (one chain per 16 values): each V vector is converted once for all of
-    them (grouped-query heads share their KV head's rows). A fourth row, when nh is 3, repeats
-    the third and is not stored."""
+    them (grouped-query heads share their KV head's rows)."""
     r1, r2, r3 = r0 + 1, r0 + 2, r0 + min(3, nh - 1)
     c = 0
     while c < d_v:
@@ -613,8 +612,9 @@ def _weighted_rows4(s, r0, nh, span, v, cells, vo, d_v, o, oo):
             b0 = vfma(p, x0, b0); b1 = vfma(p, x1, b1)  # noqa: E702
             p = vbcast(s[r2, i])
             e0 = vfma(p, x0, e0); e1 = vfma(p, x1, e1)  # noqa: E702
-            p = vbcast(s[r3, i])
-            f0 = vfma(p, x0, f0); f1 = vfma(p, x1, f1)  # noqa: E702
+            if nh == 4:  # loop-invariant: LLVM makes a loop for each case
+                p = vbcast(s[r3, i])
+                f0 = vfma(p, x0, f0); f1 = vfma(p, x1, f1)  # noqa: E702
         vstore(o, oo + c, a0); vstore(o, oo + d_v + c, b0)  # noqa: E702
         vstore(o, oo + 2 * d_v + c, e0)
         if nh == 4:
@@ -708,7 +708,12 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                 _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o,
                                (it * grp + r) * d_v)
                 r += 1
-    for t in range(n):
+        if n_pieces == 1:  # the only piece: its rows are the result (as the merge gives them)
+            for r in range(grp):
+                inv = np.float32(1.0) / part_l[it, r]
+                for c in range(d_v):
+                    out[t, g * grp + r, c] = part_o[it, r, c] * inv
+    for t in range(n if n_pieces > 1 else 0):  # the pieces merged, on this thread
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces
             for r in range(grp):
