@@ -7,10 +7,7 @@ the compute buffers are bounded by the micro-batch (`n_ubatch` tokens), so a mar
 """
 from __future__ import annotations
 
-import mmap
 import os
-
-import numpy as np
 
 CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 # what a forward pass allocates besides the cache at the default micro-batch (activations, scores,
@@ -56,34 +53,3 @@ def check_kv_fits(n_ctx: int, per_cell: float, weights_bytes: int = 0) -> None:
         f"a context of {n_ctx} tokens needs {need / 2**30:.1f} GiB ({n_ctx * per_cell / 2**30:.1f}"
         f" GiB of KV cache, {weights_bytes / 2**30:.1f} GiB of weights, buffers) but "
         f"{usable / 2**30:.1f} GiB is available; {hint}")
-
-
-HUGE_PAGE_BYTES = 2 << 20
-
-
-def zeros_on_huge_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.zeros(shape, dtype) in 2 MiB pages where the OS gives them (Linux transparent huge
-    pages, enabled "always" or "madvise"), else in ordinary pages: for the KV cache.
-
-    Why: a decode step of several sequences reads a few cells of each, scattered over every
-    layer's K and V (cells of sequences decoded together alternate), so it touches a 4 KiB page
-    per cell and misses the TLB on most of them (page walks cost most in a VM); numpy asks for
-    huge pages only for arrays of 4 MiB or more, which a layer's K or V often is not. Measured
-    on SmolLM2's 30 layers, 8 sequences of 100 cells, caches evicted as a step's weights evict
-    them: attention 7-11 % faster. Pages are still committed as they are first written."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    advise = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advise is None or nbytes < HUGE_PAGE_BYTES:
-        return np.zeros(shape, dtype)
-    try:  # private anonymous memory is zero-filled; 2 MiB more so that an aligned span fits
-        region = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES,
-                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError:  # refused: numpy says so as it always has (MemoryError)
-        return np.zeros(shape, dtype)
-    raw = np.frombuffer(region, np.uint8)
-    start = -raw.ctypes.data % HUGE_PAGE_BYTES
-    try:
-        region.madvise(advise, start, nbytes - nbytes % HUGE_PAGE_BYTES or HUGE_PAGE_BYTES)
-    except OSError:  # THP off ("never") or not built in: ordinary pages
-        pass
-    return raw[start:start + nbytes].view(dtype).reshape(shape)

@@ -312,36 +312,3 @@ def test_sliding_window_masks_incrementally_like_in_a_batch(gemma3_path, golden_
     rows = [model.decode(Batch(ids[:10], pos=0))[0]]
     rows += [model.decode(Batch([t]))[0] for t in ids[10:]]
     assert _close(np.stack(rows), batch[9:])
-
-
-def test_a_large_cache_store_is_zeroed_on_huge_pages_where_the_os_gives_them(monkeypatch):
-    """A layer's K or V of 2 MiB or more is asked for on 2 MiB pages (MADV_HUGEPAGE on an
-    aligned span): zeros, C-contiguous, its own memory; small ones, or an OS without huge
-    pages, get numpy's zeros"""
-    import mmap
-
-    from llamatui.inference import memory
-    from llamatui.inference.kv_cache import HostKVStore
-    advised = []
-
-    class Region(mmap.mmap):
-        def madvise(self, option, start=0, length=None):
-            advised.append((option, start, length))
-            return super().madvise(option, start, length)
-
-    monkeypatch.setattr(memory.mmap, "mmap", Region)
-    store = HostKVStore("f16", 8192, 3, 64)  # 3 MiB
-    data = store.data
-    assert data.shape == (8192, 192) and data.dtype == np.uint16 and data.flags.c_contiguous
-    assert not data.any() and data.flags.writeable
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        ((option, start, length),) = advised
-        assert option == mmap.MADV_HUGEPAGE and length == memory.HUGE_PAGE_BYTES
-        assert data.ctypes.data % memory.HUGE_PAGE_BYTES == 0
-    store.write(np.array([5, 8191]), np.ones((2, 192), np.float32))
-    assert np.array_equal(store.read_f32(8192)[[5, 8191]], np.ones((2, 3, 64), np.float32))
-    advised.clear()
-    assert not HostKVStore("f32", 16, 2, 32).data.any() and not advised  # 4 KiB: plain zeros
-    monkeypatch.delattr(memory.mmap, "MADV_HUGEPAGE", raising=False)
-    assert memory.zeros_on_huge_pages((4096, 1024), np.float32).shape == (4096, 1024)
-    assert not advised
