@@ -595,7 +595,7 @@ def _weighted_rows4(s, r0, nh, span, v, cells, vo, d_v, o, oo):
     """`_weighted_rows` for nh (3 or 4) rows r0.. of s at once, into o.flat[oo + h * d_v:],
     with the same sums (one chain per 16 values): each V vector is converted once for all of
     them (grouped-query heads share their KV head's rows)."""
-    r1, r2, r3 = r0 + 1, r0 + 2, r0 + min(3, nh - 1)
+    r1, r2, r3 = r0 + 1, r0 + 2, r0 + 3  # r3 read only when nh is 4
     c = 0
     while c < d_v:
         w = 32 if c + 32 <= d_v else 16  # values this pass: two vectors, or the last one

@@ -317,16 +317,16 @@ def test_sliding_window_masks_incrementally_like_in_a_batch(gemma3_path, golden_
 def test_host_layers_share_one_allocation_without_overlap():
     """Every host layer's K and V rows are views of one zeroed allocation (numpy puts it on huge
     pages), 64-byte aligned, each its own cells: a write to one layer shows in no other."""
+    def memory(a):
+        while a.base is not None:
+            a = a.base
+        return a
+
     kv = KVCache(100, 3, 2, 32, 32, "f16", "q8_0", 2)
     stores = kv.k + kv.v
-    base = stores[0].data.base
-    while base.base is not None:
-        base = base.base
     for s in stores:
-        b = s.data.base
-        while b.base is not None:
-            b = b.base
-        assert b is base and s.data.ctypes.data % 64 == 0 and not s.data.any()
+        assert memory(s.data) is memory(stores[0].data)
+        assert s.data.ctypes.data % 64 == 0 and not s.data.any()
     assert [s.data.dtype for s in stores] == [np.uint16] * 3 + [np.uint8] * 3
     assert kv.k[0].data.shape == (100, 64) and kv.v[0].data.shape == (100, 2 * 34)
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
