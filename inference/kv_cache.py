@@ -90,28 +90,6 @@ class HostKVStore:
         return ops.dequantize_q8_0_rows(raw, self.row)
 
 
-def _one_allocation(stores: list[HostKVStore]) -> None:
-    """The host stores' rows (zeros still) moved into one allocation, each store's a view of it,
-    64-byte aligned.
-
-    Why: numpy puts an allocation of 4 MiB or more on transparent huge pages (madvise), which
-    a layer's K or V alone often is not. A decode step of several sequences reads a few cells of
-    each, on every layer, so on 4 KiB pages it misses the TLB on most of them (and a page walk
-    is dear in a VM). SmolLM2 at -c 8192, the two layouts alternating in one process: a step of
-    eight streams 3-4 % shorter, of one 0-3 %. (Each layer's K and V 2 MiB-aligned on huge pages
-    of its own was 8-13 % slower: the same cell of every layer then falls in the same cache
-    sets.) Pages are still committed as cells are first written, now 2 MiB at a time."""
-    if not stores:
-        return
-    sizes = [-(-s.data.nbytes // 64) * 64 for s in stores]
-    memory = np.zeros(sum(sizes), np.uint8)
-    offset = 0
-    for store, size in zip(stores, sizes):
-        view = memory[offset:offset + store.data.nbytes]
-        store.data = view.view(store.data.dtype).reshape(store.data.shape)
-        offset += size
-
-
 class KVCache:
     """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
 
@@ -150,7 +128,6 @@ class KVCache:
 
         self.k = [store(il, self.type_k, head_dim_k) for il in range(n_layer)]
         self.v = [store(il, self.type_v, head_dim_v) for il in range(n_layer)]
-        _one_allocation([s for s in self.k + self.v if isinstance(s, HostKVStore)])
         self.pos = np.full(self._n_ctx, -1, np.int32)  # -1: empty cell
         self.seq = np.zeros((self._n_ctx, self.n_seq_max), np.bool_)
 

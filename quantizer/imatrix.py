@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamatui.inference.backend import CPUBackend, QWeight
+from llamatui.inference.backend import Backend, CPUBackend, QWeight
 from llamatui.inference.gguf import GGUF_MAGIC, GGUFFile, GGUFValueType, GGUFWriter, ValueType
 
 __all__ = ["Imatrix", "ImatrixCollector", "ImatrixEntry", "ImatrixError", "collect_imatrix"]
@@ -211,6 +211,10 @@ class ImatrixCollector(CPUBackend):
             x64 = np.asarray(x, np.float64)
             self._add(w.name, 1, np.zeros(x.shape[0], np.int64), x64 * x64)
         return y
+
+    # one product per matrix, each recorded by matmul above (the CPU's fused products of Q, K, V
+    # and of gate, up would pass them by)
+    matmul_many = Backend.matmul_many
 
     def matmul_id(self, w, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         y = super().matmul_id(w, x, ids)

@@ -312,26 +312,3 @@ def test_sliding_window_masks_incrementally_like_in_a_batch(gemma3_path, golden_
     rows = [model.decode(Batch(ids[:10], pos=0))[0]]
     rows += [model.decode(Batch([t]))[0] for t in ids[10:]]
     assert _close(np.stack(rows), batch[9:])
-
-
-def test_host_layers_share_one_allocation_without_overlap():
-    """Every host layer's K and V rows are views of one zeroed allocation (numpy puts it on huge
-    pages), 64-byte aligned, each its own cells: a write to one layer shows in no other."""
-    def memory(a):
-        while a.base is not None:
-            a = a.base
-        return a
-
-    kv = KVCache(100, 3, 2, 32, 32, "f16", "q8_0", 2)
-    stores = kv.k + kv.v
-    for s in stores:
-        assert memory(s.data) is memory(stores[0].data)
-        assert s.data.ctypes.data % 64 == 0 and not s.data.any()
-    assert [s.data.dtype for s in stores] == [np.uint16] * 3 + [np.uint8] * 3
-    assert kv.k[0].data.shape == (100, 64) and kv.v[0].data.shape == (100, 2 * 34)
-    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
-    kv.k[1].write(np.array([0, 99]), x)
-    kv.v[2].write(np.array([0, 99]), x)
-    np.testing.assert_allclose(kv.k[1].read_f32(100)[[0, 99]].reshape(2, 64), x, rtol=1e-3)
-    assert not kv.k[0].data.any() and not kv.k[2].data.any() and not kv.v[0].data.any()
-    assert not kv.v[1].data.any() and kv.v[2].data.any()
