@@ -263,8 +263,9 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
         raise ValueError(f"matmul: x of shape {x.shape} for a {type_name} weight with {k} "
                          f"in_features ({w.shape[1]} bytes a row)")
     n, n_out = x.shape[0], w.shape[0]
-    if packed is not None and USE_INT8:
-        (out,) = packed_product(packed, x)
+    outs = None if packed is None else packed_product(packed, x)
+    if outs is not None:
+        (out,) = outs
         return out[0] if squeeze else out
     batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % 32 == 0 and type_name != "F32"
     out = np.empty((-(-n // 4) * 4 if batch else n, n_out), np.float32)  # whole tiles of 4
