@@ -46,14 +46,15 @@ class HostKVStore:
         self.n_head, self.head_dim = n_head, head_dim
         self.row = n_head * head_dim
         if type_name == "f32":
-            self.data = np.zeros((n_ctx, self.row), np.float32)
+            shape, dtype = (n_ctx, self.row), np.float32
         elif type_name == "f16":
-            self.data = np.zeros((n_ctx, self.row), np.uint16)
+            shape, dtype = (n_ctx, self.row), np.uint16
         else:
             if self.row % ops.QK8_0:
                 raise ValueError(f"q8_0 cache: a row of {self.row} values is not a whole number "
                                  f"of {ops.QK8_0}-value blocks")
-            self.data = np.zeros((n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8)
+            shape, dtype = (n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8
+        self.data = np.zeros(shape, dtype)
 
     @property
     def nbytes(self) -> int:
