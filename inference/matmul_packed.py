@@ -36,13 +36,18 @@ from numba import njit, prange
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
 from .matmul_simd import (
-    ld, ld_u32, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand, vibcast, vishr, vizero, vmul,
-    vstore, vzero,
+    ld, ld_u32, prefetch_stream, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand, vibcast, vishr,
+    vizero, vmul, vstore, vzero,
 )
 
 GROUP = 16  # rows interleaved, one per lane
 QK = 32  # values per block (all three formats)
 PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
+# how far ahead of the block in use the weights are asked for, non-temporally: a step reads each
+# weight once, and the hint keeps them from evicting the KV cache and activations from L2/L3 (in
+# one process, steps of eight SmolLM2 sequences 7-12 % faster, of one unchanged; a plain
+# prefetch, or none, leaves the hardware prefetchers' copies in every cache level)
+STREAM_AHEAD = 2048
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
 
 
@@ -213,6 +218,13 @@ def _block_q8_0(wp, o, xq, xo, xd, xs32, bi, acc):
 # ================================================================== kernels
 
 @njit(inline="always")
+def _stream(wp, o, GB):
+    """the non-temporal hint for the block STREAM_AHEAD bytes after the one at byte o"""
+    for line in range(0, GB, 64):
+        prefetch_stream(wp, o + STREAM_AHEAD + line)
+
+
+@njit(inline="always")
 def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
     """the 16 results of group g for tokens t..t+7, token i's at out[o0 + i * N:]: each block of
     the group loaded once for all 8"""
@@ -220,6 +232,7 @@ def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
     a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
     o = g * nb * GB
     for b in range(nb):
+        _stream(wp, o, GB)
         xo = t * k + b * QK
         bi = t * nb + b
         a0 = block(wp, o, xq, xo, xd, xs32, bi, a0)
@@ -248,6 +261,7 @@ def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
     a = vzero()
     o = g * nb * GB
     for b in range(nb):
+        _stream(wp, o, GB)
         a = block(wp, o, xq, t * k + b * QK, xd, xs32, t * nb + b, a)
         o += GB
     vstore(out, o0 + t * N, a)

@@ -285,22 +285,31 @@ def vlut(typingctx, table, a):
     return f32x16(table, i32x16), cg
 
 
-@intrinsic
-def prefetch(typingctx, arr, idx):
-    """a hint to bring the cache line of byte idx of a uint8 array into the caches (llvm.prefetch:
-    never faults, so idx may lie past the end)"""
-    if not _is_u8_array(arr):
-        return None
+def _prefetch_hint(locality: int):
+    """an intrinsic asking for the cache line of byte idx of a uint8 array (llvm.prefetch, a read
+    into the data cache with this locality, 0..3: never faults, so idx may lie past the end)"""
+    def hint(typingctx, arr, idx):
+        if not _is_u8_array(arr):
+            return None
 
-    def cg(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        p = builder.inttoptr(builder.add(builder.ptrtoint(a.data, _i64), args[1]), _i8.as_pointer())
-        fnty = ir.FunctionType(ir.VoidType(), [p.type, _i32, _i32, _i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        # read, highest locality, data cache
-        builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
-        return context.get_dummy_value()
-    return types.void(arr, types.intp), cg
+        def cg(context, builder, sig, args):
+            a = context.make_array(sig.args[0])(context, builder, args[0])
+            p = builder.inttoptr(builder.add(builder.ptrtoint(a.data, _i64), args[1]),
+                                 _i8.as_pointer())
+            fnty = ir.FunctionType(ir.VoidType(), [p.type, _i32, _i32, _i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            builder.call(fn, [p, ir.Constant(_i32, 0), ir.Constant(_i32, locality),
+                              ir.Constant(_i32, 1)])
+            return context.get_dummy_value()
+        return types.void(arr, types.intp), cg
+    return hint
+
+
+# into every cache level (prefetcht0): data used again soon, such as a sequence's KV rows
+prefetch = intrinsic(_prefetch_hint(3))
+# non-temporal (prefetchnta on x86): data read once per step, such as a matrix's weights, which
+# would otherwise evict from L2 and L3 what is used again (the KV cache, the activations)
+prefetch_stream = intrinsic(_prefetch_hint(0))
 
 
 # ------------------------------------------------------------------ int32 vectors
