@@ -45,7 +45,7 @@ QK = 32  # values per block (all three formats)
 PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
 # how far ahead of the block in use the weights are asked for, non-temporally: a step reads each
 # weight once, and the hint keeps them from evicting the KV cache and activations from L2/L3 (in
-# one process, steps of eight SmolLM2 sequences 7-12 % faster, of one unchanged; a plain
+# one process, steps of eight SmolLM2 sequences 3-12 % faster, of one unchanged; a plain
 # prefetch, or none, leaves the hardware prefetchers' copies in every cache level)
 STREAM_AHEAD = 2048
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
