@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import platformdirs
 
-from llamatui.inference.chat_templates_builtin import CHAT_TEMPLATE_NAMES
+from llamatui.inference.chat.builtin_templates import CHAT_TEMPLATE_NAMES
 
 DB_NAME = "conversations.sqlite3"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from llamatui.models import recommend as model_recommend
 from llamatui.models import store as model_store
 
-from .cmd_ls import human_bytes
+from .cli.ls import human_bytes
 
 
 def gpu_fits(gpu, runs) -> str:

@@ -204,7 +204,7 @@ def print_end_to_end(rows):
 def replay_llguidance(tokenizer, n_vocab, schema, ids):
     import llguidance
 
-    from llamatui.inference.constraint import ConstraintSpec, ConstraintVocab
+    from llamatui.inference.chat.constraint import ConstraintSpec, ConstraintVocab
     vocab = ConstraintVocab.of(tokenizer, n_vocab)
     matcher = llguidance.LLMatcher(vocab.ll, ConstraintSpec("json_schema", schema).compile())
     words = np.zeros(vocab.n_words, np.uint32)
@@ -278,8 +278,8 @@ def replay_llama_cpp(llm, schema, ids):
 
 
 def replay(path, rows, threads, xgrammar_python):
-    from llamatui.inference.constraint import ConstraintVocab
-    from llamatui.inference.tokenizer import Tokenizer
+    from llamatui.inference.chat.constraint import ConstraintVocab
+    from llamatui.inference.tokenizers.tokenizer import Tokenizer
     tokenizer = Tokenizer.from_gguf(path)
     vocab = ConstraintVocab.of(tokenizer)
     llm = None

@@ -1,4 +1,4 @@
-"""Benchmark llamatui.inference.matmul on the starter models' real weight matrices.
+"""Benchmark llamatui.inference.cpu.matmul on the starter models' real weight matrices.
 
 For every distinct (type, shape) of 2-D weight in each model:
   decode  (n_tokens = 1):   microseconds per call and GB/s of weight bytes streamed
@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.matmul import DECODE_MAX_TOKENS, matmul
+from llamatui.inference.cpu.matmul import DECODE_MAX_TOKENS, matmul
 
 MODELS = ["/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf", "/tmp/models/gemma-3-270m-q4_k_m.gguf"]
 

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.matmul import matmul, packed_weight
+from llamatui.inference.cpu.matmul import matmul, packed_weight
 
 TOKENS = (1, 8, 512)
 

@@ -52,8 +52,8 @@ def main():
                     help="characters the longest-first loop is timed on")
     args = ap.parse_args()
     from conftest import GOLDEN, test_store
-    from llamatui.inference.tokenizer import Tokenizer
-    from llamatui.inference.tokenizer_special import partition_longest_first
+    from llamatui.inference.tokenizers.tokenizer import Tokenizer
+    from llamatui.inference.tokenizers.special import partition_longest_first
     from llamatui.models.store import pull_starter
 
     tok = Tokenizer.from_gguf(pull_starter("gemma3-270m", store=test_store()))

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from llamatui.inference import Engine
-from llamatui.inference.backend import CPUBackend
+from llamatui.inference.cpu.backend import CPUBackend
 
 # matmul_many (Q, K, V; gate and up) includes the matmul calls it makes when it cannot fuse
 KERNELS = ("matmul", "matmul_many", "attention", "rms_norm", "geglu", "swiglu", "rope", "add",

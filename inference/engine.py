@@ -22,15 +22,15 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .catalog import mix_name
-from .chat_template import ChatTemplate
-from .constraint import Constraint, ConstraintError, ConstraintSpec
+from .chat.template import ChatTemplate
+from .chat.constraint import Constraint, ConstraintError, ConstraintSpec
 from .embedding import EUCLIDEAN, POOLINGS, normalize
 from .gguf import GGUFFile
 from .model import Batch, EmbeddingOnlyError, Model
 from .sampling import SamplingParams
 from .scheduler import (CONTEXT_POLICIES, ContextFullError, GenerationEvent, QueueFullError,
                         Scheduler)
-from .tokenizer import Tokenizer
+from .tokenizers.tokenizer import Tokenizer
 
 __all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "EmbeddingOnlyError",
            "Engine", "EngineBusyError", "EngineClosedError", "GenerationEvent", "ModelInfo",

@@ -280,7 +280,7 @@ class HParams:
         context), as llama.cpp's graphs call ggml_rope_ext: the layer's base and scale
         (llama_model::get_rope_freq_base/_scale), the frequency factors of `rope_factors`, YaRN's
         parameters of `rope_yarn`."""
-        from .ops import RopeSpec
+        from .rope import RopeSpec
         ext_factor, attn_factor = self.rope_yarn()
         swa = self.is_swa(il)
         return RopeSpec(self.n_rot, self.rope_freq_base_swa if swa else self.rope_freq_base,

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import ops
+from .cpu import attention, ops
+from .cpu.backend import HostKVStore
+from .rope import RopeSpec
 
 CACHE_TYPES = ("f32", "f16", "q8_0")
 
@@ -36,65 +38,11 @@ def check_cache_type(name: str) -> str:
     return t
 
 
-class HostKVStore:
-    """The rows of one tensor (K or V of one layer) for all cells, in one storage type, in host
-    memory (what CPUBackend.kv_store gives; another backend keeps its layers' rows on its device
-    behind the same methods)."""
-
-    def __init__(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
-        self.type = type_name
-        self.n_head, self.head_dim = n_head, head_dim
-        self.row = n_head * head_dim
-        if type_name == "f32":
-            shape, dtype = (n_ctx, self.row), np.float32
-        elif type_name == "f16":
-            shape, dtype = (n_ctx, self.row), np.uint16
-        else:
-            if self.row % ops.QK8_0:
-                raise ValueError(f"q8_0 cache: a row of {self.row} values is not a whole number "
-                                 f"of {ops.QK8_0}-value blocks")
-            shape, dtype = (n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8
-        self.data = np.zeros(shape, dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes
-
-    def write(self, cells: np.ndarray, x: np.ndarray) -> None:
-        x = np.asarray(x, dtype=np.float32).reshape(len(cells), self.row)
-        if self.type == "f32":
-            self.data[cells] = x
-        elif self.type == "f16":
-            self.data[cells] = ops.f32_to_f16_bits(x)
-        else:
-            self.data[cells] = ops.quantize_q8_0_rows(x)
-
-    def read(self, n: int) -> np.ndarray:
-        """Cells [0, n) as (n, n_head, head_dim) for attention: float32 (a view for f32), or the
-        fp16 bit patterns themselves (uint16 view) for f16."""
-        if self.type == "f16":
-            return self.data[:n].reshape(n, self.n_head, self.head_dim)
-        return self.read_f32(n)
-
-    def read_f32(self, n: int) -> np.ndarray:
-        """float32 (n, n_head, head_dim) of cells [0, n); a view for f32."""
-        return self._decode(self.data[:n]).reshape(n, self.n_head, self.head_dim)
-
-    def read_cells(self, cells: np.ndarray) -> np.ndarray:
-        return self._decode(self.data[cells]).reshape(len(cells), self.n_head, self.head_dim)
-
-    def _decode(self, raw: np.ndarray) -> np.ndarray:
-        if self.type == "f32":
-            return raw
-        if self.type == "f16":
-            return ops.f16_bits_to_f32(raw)
-        return ops.dequantize_q8_0_rows(raw, self.row)
-
 
 class KVCache:
     """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
 
-    layer_rope: one `ops.RopeSpec` per layer (None for a layer without RoPE, whose K is left as
+    layer_rope: one `RopeSpec` per layer (None for a layer without RoPE, whose K is left as
     it is), used to re-rope K when positions are shifted (`seq_add`); without it, shifting
     raises.
     layer_backends: the backend of each layer, which allocates and keeps that layer's K and V
@@ -103,7 +51,7 @@ class KVCache:
 
     def __init__(self, n_ctx: int, n_layer: int, n_head_kv: int, head_dim_k: int,
                  head_dim_v: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                 n_seq_max: int = 1, layer_rope: Sequence[ops.RopeSpec] | None = None,
+                 n_seq_max: int = 1, layer_rope: Sequence[RopeSpec] | None = None,
                  layer_backends: Sequence | None = None):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -188,7 +136,7 @@ class KVCache:
              n_swa: int = 0) -> np.ndarray:
         """KQ mask (n_tokens, n_kv): 0 / -inf; a token sees the cells of its (first) sequence at
         positions ≤ its own, and within `n_swa` positions when n_swa > 0."""
-        return ops.build_kq_mask(self.pos, self.seq, positions, seq_ids, n_kv, n_swa)
+        return attention.build_kq_mask(self.pos, self.seq, positions, seq_ids, n_kv, n_swa)
 
     def cell_order(self, n_kv: int) -> np.ndarray:
         """Cells [0, n_kv) by position (int64): the order attention visits a token's cells in,
@@ -277,7 +225,7 @@ class KVCache:
                 if self.layer_rope[il] is None:  # llama_hparams::has_rope: nothing to turn
                     continue
                 k = np.ascontiguousarray(self.k[il].read_cells(moved))
-                self.layer_rope[il].apply(k, shift, magnitude=False)
+                ops.rope_apply(k, shift, self.layer_rope[il], magnitude=False)
                 self.k[il].write(moved, k)
 
     def seq_pos_max(self, seq_id: int) -> int:

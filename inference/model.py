@@ -33,9 +33,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import ops
+from .cpu import attention
 from .archs.base import Architecture, WeightLoader
-from .backend import CPUBackend, KQMask
+from .backend import KQMask
+from .cpu.backend import CPUBackend
 from .catalog import UnsupportedArchitectureError, get_arch
 from .embedding import POOLINGS, pool
 from .hparams import HParams, ModelMetadataError, read_hparams
@@ -153,7 +154,7 @@ class ForwardContext:
         return self.out_rows
 
     def rope(self, il: int):
-        """How layer il rotates Q and K (an ops.RopeSpec; None: it does not)."""
+        """How layer il rotates Q and K (an rope.RopeSpec; None: it does not)."""
         return self.model.layer_rope[il]
 
     def mask(self, n_swa: int) -> np.ndarray:
@@ -164,13 +165,13 @@ class ForwardContext:
         return m
 
     def visible_cells(self, n_swa: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each token's visible cells in position order (ops.visible_cells), once per batch and
+        """Each token's visible cells in position order (attention.visible_cells), once per batch and
         window: the order a token's attention sums visit them, so that its result does not
         depend on where the cache put its cells (wherever other requests left room)."""
         key = ("cells", n_swa)
         cells = self._masks.get(key)
         if cells is None:
-            cells = self._masks[key] = ops.visible_cells(self.mask(n_swa), self.cell_order)
+            cells = self._masks[key] = attention.visible_cells(self.mask(n_swa), self.cell_order)
         return cells
 
     def sampled_cells(self, n_swa: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -179,7 +180,7 @@ class ForwardContext:
         key = ("sampled", n_swa)
         cells = self._masks.get(key)
         if cells is None:
-            cells = self._masks[key] = (self.out_rows, ops.visible_cells(
+            cells = self._masks[key] = (self.out_rows, attention.visible_cells(
                 self.mask(n_swa)[self.out_rows], self.cell_order))
         return cells
 
@@ -265,7 +266,7 @@ class Model:
     def __init__(self, gguf, arch: Architecture, hparams: HParams, backend, n_ctx: int,
                  cache_type_k: str = "f16", cache_type_v: str = "f16", n_seq_max: int = 1,
                  n_ubatch: int = 512, owns_file: bool = False, placement=None):
-        from .cuda.offload import cpu_only
+        from .placement import cpu_only
         self.gguf = gguf
         self.arch = arch
         self.hparams = hparams

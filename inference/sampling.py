@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from .matmul_simd import vadd, vflag_above, vload, vsub, vsum, vzero
+from .cpu.simd import vadd, vflag_above, vload, vsub, vsum, vzero
 
 __all__ = ["SamplingParams", "Sampler", "StopStringMatcher"]
 

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .constraint import Constraint, ConstraintError, ConstraintSpec
-from .matmul import int8_decode
+from .chat.constraint import Constraint, ConstraintError, ConstraintSpec
+from .cpu.matmul import int8_decode
 from .model import Batch
 from .sampling import Sampler, SamplingParams, StopStringMatcher, all_finite
 

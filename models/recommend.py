@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from llamatui.inference.catalog import (ARCHITECTURES, ENGINE_TYPES, MIXES_BY_NAME, Arch,
                                         runs_here)
-from llamatui.inference.cuda.placement import (OffloadPlan, auto_margin, device_work_bytes,
+from llamatui.inference.placement import (OffloadPlan, auto_margin, device_work_bytes,
                                                plan_offload)
 from llamatui.inference.hparams import ModelMetadataError, read_hparams
 from llamatui.inference.memory import CACHE_BYTES_PER_VALUE
@@ -74,7 +74,7 @@ RAM_USABLE_FRACTION = 0.9  # of psutil's "available"
 def _engine_constants() -> tuple[int, int]:
     """(attention score budget in floats, dequantized tile bytes) as the engine has them."""
     try:
-        from llamatui.inference import matmul, ops
+        from llamatui.inference.cpu import matmul, ops
         return (int(getattr(ops, "_ATTN_SCORE_BUDGET", DEFAULT_SCORE_BUDGET)),
                 int(getattr(matmul, "TILE_BYTES", DEFAULT_TILE_BYTES)))
     except Exception:  # noqa: BLE001 - the estimate must not depend on the kernels importing

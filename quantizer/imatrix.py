@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llamatui.inference.backend import Backend, CPUBackend, QWeight
+from llamatui.inference.backend import Backend, QWeight
+from llamatui.inference.cpu.backend import CPUBackend
 from llamatui.inference.gguf import GGUF_MAGIC, GGUFFile, GGUFValueType, GGUFWriter, ValueType
 
 __all__ = ["Imatrix", "ImatrixCollector", "ImatrixEntry", "ImatrixError", "collect_imatrix"]
@@ -258,7 +259,7 @@ def collect_imatrix(model_path, text: str, n_ctx: int = 512, n_chunks: int | Non
     records the text file's path). `on_chunk(i, n, running_ppl)` reports progress."""
     from llamatui.inference.model import Model
     from llamatui.inference.perplexity import perplexity
-    from llamatui.inference.tokenizer import Tokenizer
+    from llamatui.inference.tokenizers.tokenizer import Tokenizer
 
     if n_ctx < 2 * MIN_ROWS:
         raise ImatrixError(f"a context of {n_ctx} tokens is too small; use at least "

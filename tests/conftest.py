@@ -57,6 +57,6 @@ def float32_products(monkeypatch):
     """Matmuls in float32 throughout: prompts not in bfloat16 (where the CPU has AVX512-BF16),
     a token's decode without 8-bit activations; for tests that compare a batch with single tokens
     (or with the float64 reference) to float32 rounding."""
-    from llamatui.inference import matmul
+    from llamatui.inference.cpu import matmul
     monkeypatch.setattr(matmul, "USE_BF16", False)
     monkeypatch.setattr(matmul, "USE_INT8", False)

@@ -18,6 +18,7 @@ import tempfile
 import types
 
 import numpy as np
+from llamatui.inference.rope import RopeSpec
 
 BACKEND_CHECKS = {}
 GIB = 1 << 30
@@ -220,7 +221,7 @@ def check_backend_matmul_id():
     is the CPU's, bit for bit."""
     from cuda_checks import N_VALUES, cpu_dequantize, weight_rows
 
-    from llamatui.inference.backend import CPUBackend
+    from llamatui.inference.cpu.backend import CPUBackend
     from llamatui.inference.cuda.matvec import MAX_TOKENS
     rng = check_rng(26)
     be, cpu = cuda_backend(), CPUBackend()
@@ -255,7 +256,7 @@ def check_backend_matmul_id():
 @check("backend_get_rows")
 def check_backend_get_rows():
     """The embedding lookup on the device is the CPU's, bit for bit."""
-    from llamatui.inference.backend import CPUBackend
+    from llamatui.inference.cpu.backend import CPUBackend
     rng = check_rng(21)
     be, cpu = cuda_backend(), CPUBackend()
     for type_name in ("Q8_0", "Q4_K", "F16"):
@@ -268,8 +269,7 @@ def check_backend_get_rows():
 @check("backend_elementwise")
 def check_backend_elementwise():
     """RMS norm, RoPE (NORM and NEOX), SwiGLU, GeGLU, add and scale against CPUBackend."""
-    from llamatui.inference import ops
-    from llamatui.inference.backend import CPUBackend
+    from llamatui.inference.cpu.backend import CPUBackend
     rng = check_rng(22)
     be, cpu = cuda_backend(), CPUBackend()
     x = (rng.standard_normal((3, 2, 32)) * 3).astype(np.float32)
@@ -280,7 +280,7 @@ def check_backend_elementwise():
                  "rms_norm", ulps=8)
     pos = np.array([0, 5, 4000])
     for neox in (False, True):
-        spec = ops.RopeSpec(32, 10000.0, 1.0, neox)
+        spec = RopeSpec(32, 10000.0, 1.0, neox)
         want = cpu.rope(x.copy(), pos, spec).astype(np.float64)
         assert_close(be.to_host(be.rope(be.take(x), pos, spec)), want, np.abs(x).max(),
                      f"rope neox={neox}", ulps=8)
@@ -300,8 +300,8 @@ def check_backend_elementwise():
 def check_backend_kv_store():
     """K/V rows written on the device are the CPU cache's bytes (f32, f16 rounded to nearest
     even, q8_0 with roundf), read back as the CPU reads them, and shifted (seq_add) alike."""
-    from llamatui.inference.backend import CPUBackend
-    from llamatui.inference.kv_cache import HostKVStore
+    from llamatui.inference.cpu.backend import CPUBackend
+    from llamatui.inference.cpu.backend import HostKVStore
     rng = check_rng(23)
     be = cuda_backend()
     x = rng.standard_normal((3, 2, 32)).astype(np.float32)
@@ -316,9 +316,8 @@ def check_backend_kv_store():
         assert_bits(be.rt.download(dev.data), host.data, f"{type_name} rows")
         assert_bits(dev.read_cells(cells), host.read_cells(cells), f"{type_name} read back")
     # a context shift re-ropes the device's K rows as the CPU's
-    from llamatui.inference import ops
     from llamatui.inference.kv_cache import KVCache
-    caches = [KVCache(8, 1, 2, 32, type_k="q8_0", layer_rope=[ops.RopeSpec(32, 1e4)],
+    caches = [KVCache(8, 1, 2, 32, type_k="q8_0", layer_rope=[RopeSpec(32, 1e4)],
                       layer_backends=[b]) for b in (CPUBackend(), be)]
     for cache in caches:
         cache.store_cells(cells, [4, 5, 6], [(0,)] * 3)
@@ -360,7 +359,8 @@ def _softcapped_attention(q, k, v, mask, scale, softcap):
 def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0):
     """Attention of n_tok tokens of two interleaved sequences through the cache on both
     backends (with softcap: the device against the float64 reference)."""
-    from llamatui.inference.backend import CPUBackend, KQMask
+    from llamatui.inference.backend import KQMask
+    from llamatui.inference.cpu.backend import CPUBackend
     from llamatui.inference.kv_cache import KVCache
     n_head, n_head_kv, d = 4, 2, 32
     be, cpu = cuda_backend(), CPUBackend()
@@ -415,8 +415,8 @@ def check_backend_attention():
 def check_backend_encoder_ops():
     """What encoders need: attention over the batch's own K and V with a dense mask
     (embeddings without the cache), GELU (the fp16 table), LayerNorm."""
-    from llamatui.inference import ops
-    from llamatui.inference.backend import CPUBackend
+    from llamatui.inference.cpu import ops
+    from llamatui.inference.cpu.backend import CPUBackend
     rng = check_rng(25)
     be, cpu = cuda_backend(), CPUBackend()
     q = rng.standard_normal((6, 4, 32)).astype(np.float32)
@@ -613,8 +613,8 @@ def check_offload_out_of_memory():
 def check_offload_auto():
     """-ngl auto offloads the most layers that fit with the margin: on a device with room for
     the output layer and one repeating layer, those two; on a roomy one, all."""
-    from llamatui.inference.cuda.offload import model_sizes, work_bytes
-    from llamatui.inference.cuda.placement import auto_margin
+    from llamatui.inference.placement import model_sizes, work_bytes
+    from llamatui.inference.placement import auto_margin
     from llamatui.inference.gguf import GGUFFile
     from llamatui.inference.hparams import read_hparams
     from llamatui.inference.catalog import get_arch

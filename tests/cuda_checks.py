@@ -21,10 +21,11 @@ import warnings
 import numpy as np
 
 from cuda_backend_checks import BACKEND_CHECKS  # the backend's checks (no numba imported)
+from llamatui.inference.rope import RopeSpec
 
 MARK = "CUDA-CHECK "
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "quant_vectors.npz"
-# every weight type the engine runs (llamatui.inference.matmul.supported_matmul_types())
+# every weight type the engine runs (llamatui.inference.cpu.matmul.supported_matmul_types())
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 N_VALUES = 512  # values per weight row: two K-quant super-blocks
@@ -108,7 +109,7 @@ def cpu_dequantize(type_name, rows):
 @check("registry")
 def check_registry():
     from llamatui.inference.cuda.dequant import DEVICE_TYPES
-    from llamatui.inference.matmul import supported_matmul_types
+    from llamatui.inference.cpu.matmul import supported_matmul_types
     assert set(DEVICE_TYPES) == set(WEIGHT_TYPES) == set(supported_matmul_types())
 
 
@@ -151,7 +152,7 @@ for _name in WEIGHT_TYPES:
 
 @check("rms_norm")
 def check_rms_norm():
-    from llamatui.inference import ops
+    from llamatui.inference.cpu import ops
     from llamatui.inference.cuda.elementwise import rms_norm
     rng = check_rng(3)
     x = (rng.standard_normal((3, 200)) * 4).astype(np.float32)
@@ -167,7 +168,7 @@ def check_rope():
     """NORM and NEOX, with and without frequency factors, YaRN, partial rotation
     (n_dims < head_dim), far positions: the CPU's angles (built the same way), cos/sin to float32
     rounding."""
-    from llamatui.inference import ops
+    from llamatui.inference.cpu import ops
     from llamatui.inference.cuda.elementwise import rope
     rng = check_rng(4)
     pos = np.array([0, 7, 30000], np.int64)
@@ -175,9 +176,9 @@ def check_rope():
     for neox in (False, True):
         for factors, extra in ((None, {}), ((rng.random(16) + 0.5).astype(np.float32), {}),
                                (None, yarn)):
-            spec = ops.RopeSpec(32, 10000.0, 0.5, neox, factors, **extra)
+            spec = RopeSpec(32, 10000.0, 0.5, neox, factors, **extra)
             x = rng.standard_normal((3, 2, 40)).astype(np.float32)
-            want = spec.apply(x.copy(), pos).astype(np.float64)
+            want = ops.rope_apply(x.copy(), pos, spec).astype(np.float64)
             got = to_device(x)
             ff = factors if factors is not None else np.ones(16, np.float32)
             rope(got, to_device(pos), spec, to_device(ff))
@@ -187,7 +188,7 @@ def check_rope():
 
 @check("swiglu")
 def check_swiglu():
-    from llamatui.inference import ops
+    from llamatui.inference.cpu import ops
     from llamatui.inference.cuda.elementwise import swiglu
     rng = check_rng(5)
     g = (rng.standard_normal((3, 100)) * 6).astype(np.float32)
@@ -202,7 +203,7 @@ def check_swiglu():
 def check_geglu():
     """Bit for bit ops.geglu: the fp16 rounding that indexes the table, ties to even included,
     the ±10 limits, fp16 subnormals."""
-    from llamatui.inference import ops
+    from llamatui.inference.cpu import ops
     from llamatui.inference.cuda.elementwise import GELU_TABLE, geglu
     rng = check_rng(6)
     g = (rng.standard_normal((3, 128)) * 5).astype(np.float32)
@@ -232,7 +233,7 @@ def check_argmax():
 
 
 def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
-    from llamatui.inference import ops
+    from llamatui.inference.cpu import attention as cpu_attention
     from llamatui.inference.cuda.attention import attention
     from llamatui.inference.kv_cache import KVCache
     n_cells = 70
@@ -250,9 +251,9 @@ def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
     tok_pos = np.array([39, 23, 10], np.int64)
     tok_seq = np.array([0, 1, 0], np.int64)
     q = rng.standard_normal((3, n_head, d)).astype(np.float32)
-    mask = ops.build_kq_mask(cell_pos, cell_seq, tok_pos, tok_seq, n_cells, n_swa)
+    mask = cpu_attention.build_kq_mask(cell_pos, cell_seq, tok_pos, tok_seq, n_cells, n_swa)
     k32, v32 = cache.k[0].read_f32(n_cells), cache.v[0].read_f32(n_cells)
-    want = ops.attention(q, k32, v32, mask, 0.17).reshape(3, n_head, d).astype(np.float64)
+    want = cpu_attention.attention(q, k32, v32, mask, 0.17).reshape(3, n_head, d).astype(np.float64)
     out = zeros_on_device((3, n_head, d), np.float32)
     attention(to_device(q), to_device(cache.k[0].data.view(np.uint8)),
               to_device(cache.v[0].data.view(np.uint8)), k_type, v_type, n_head_kv,

@@ -597,7 +597,7 @@ INTERNAL_WORDING = re.compile(
 
 def _clear_error_types() -> tuple:
     from llamatui.inference.catalog import UnsupportedArchitectureError
-    from llamatui.inference.chat_template import ChatTemplateError
+    from llamatui.inference.chat.template import ChatTemplateError
     from llamatui.inference.gguf import GGUFError
     from llamatui.inference.hparams import ModelMetadataError
     from llamatui.inference.memory import InsufficientMemoryError
@@ -627,7 +627,7 @@ def _stages(path: str):
         est.breakdown()
 
     def inspect():
-        from llamatui.app import cmd_inspect
+        from llamatui.app.cli import inspect as cmd_inspect
         with contextlib.redirect_stdout(io.StringIO()) as out:
             cmd_inspect.run(Namespace(model=path, json=True))
         json.loads(out.getvalue())

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from llamatui.app.cli import main
-from llamatui.inference import ops
-from llamatui.inference.chat_template import ChatTemplate
+from llamatui.inference.cpu import ops
+from llamatui.inference.chat.template import ChatTemplate
 from llamatui.inference.engine import Engine
 from llamatui.inference.gguf import GGUFValueType as VT
 from llamatui.inference.gguf import ValueType
@@ -25,9 +25,11 @@ from llamatui.inference.hparams import ModelMetadataError
 from llamatui.inference.memory import InsufficientMemoryError
 from llamatui.inference.model import Model
 from llamatui.inference.scheduler import NonFiniteLogitsError
-from llamatui.inference.tokenizer import ATTR_UNDEFINED, Tokenizer
+from llamatui.inference.tokenizers.tokenizer import ATTR_UNDEFINED, Tokenizer
 from llamatui.models.recommend import estimate_file
 from metadata_fuzz import Case, base_model, write_case
+from llamatui.inference.rope import RopeSpec
+from llamatui.inference.cpu import attention
 
 GiB = 1 << 30
 F32, U32 = ValueType(VT.FLOAT32), ValueType(VT.UINT32)
@@ -145,7 +147,7 @@ def test_kernels_carry_nan_and_inf_through():
     rng = np.random.default_rng(0)
     zeros = np.zeros((3, 16), np.float32)
     assert np.isnan(ops.rms_norm(zeros, np.ones(16, np.float32), 0.0)).all()  # 0 / sqrt(0)
-    cos, sin = ops.rope_tables(np.arange(4), ops.RopeSpec(16, 10000.0,
+    cos, sin = ops.rope_tables(np.arange(4), RopeSpec(16, 10000.0,
                                                           freq_factors=np.zeros(8, np.float32)))
     assert not np.isfinite(cos[1:]).any()  # theta / 0
     for n, d in ((1, 16), (2, 8), (20, 16), (20, 8)):  # decode kernels, GEMM and numpy paths
@@ -154,7 +156,7 @@ def test_kernels_carry_nan_and_inf_through():
         k = rng.standard_normal((n, 2, d)).astype(np.float32)
         v = rng.standard_normal((n, 2, d)).astype(np.float32)
         mask = np.triu(np.full((n, n), -np.inf, np.float32), 1)
-        out = ops.attention(q, k, v, mask, 0.25)
+        out = attention.attention(q, k, v, mask, 0.25)
         assert np.isnan(out[0, :d]).all(), (n, d)
     s = np.full((1, 1, 4), np.nan, np.float32)
     assert np.isnan(ops.softmax_masked_inplace(s, np.zeros((1, 4), np.float32), 1.0)).all()

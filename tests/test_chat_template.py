@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from llamatui.app.engine_args import chat_template_from_args
+from llamatui.app.cli.engine_args import chat_template_from_args
 from llamatui.inference import CHAT_TEMPLATE_NAMES
-from llamatui.inference.chat_template import (
+from llamatui.inference.chat.template import (
     ChatTemplate, ChatTemplateError, ChatTemplateLimitError, ChatTemplateSecurityError,
     template_for_vocabulary)
 from llamatui.inference.gguf import GGUFFile
@@ -355,7 +355,7 @@ HOSTILE = {
 _MEASURE = """
 import json, resource, sys, time
 from llamatui.inference import template_sandbox
-from llamatui.inference.chat_template import ChatTemplate, ChatTemplateError
+from llamatui.inference.chat.template import ChatTemplate, ChatTemplateError
 user = [{"role": "user", "content": "Hi"}]
 ChatTemplate("{{ 1 }}").render(user)
 template_sandbox.shutdown()

@@ -8,8 +8,8 @@ import pytest
 
 from llamatui.app import cli
 from llamatui.app.cli import build_parser, main
-from llamatui.app.cmd_run import sampling_from_args
-from llamatui.app.flags import max_threads
+from llamatui.app.cli.run import sampling_from_args
+from llamatui.app.cli.flags import max_threads
 from llamatui.inference import Engine
 from llamatui.inference.sampling import SamplingParams
 

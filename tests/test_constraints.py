@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import regex
 
-from llamatui.app import cmd_run
+from llamatui.app.cli import run as cmd_run
 from llamatui.app.cli import main
 from llamatui.inference import ConstraintError, ConstraintSpec, Engine, SamplingParams
-from llamatui.inference.constraint import Constraint, ConstraintVocab, _apply_mask
+from llamatui.inference.chat.constraint import Constraint, ConstraintVocab, _apply_mask
 from llamatui.inference.sampling import Sampler
-from llamatui.inference.tokenizer import Tokenizer
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
 from test_vocab_files import llama_vocabs  # noqa: F401 - a fixture: llama.cpp's test vocabularies
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
@@ -208,7 +208,7 @@ def test_json_numbers_stop_at_llama_cpp_s_digit_cap(tokenizer, schema):
     """A model that would repeat a digit forever must end each part of a JSON number after
     MAX_NUMBER_DIGITS digits (llama.cpp's converter: [1-9][0-9]{0,15}, [0-9]{1,16}); digits in a
     string are not counted."""
-    from llamatui.inference.constraint import MAX_NUMBER_DIGITS
+    from llamatui.inference.chat.constraint import MAX_NUMBER_DIGITS
     sampler = Sampler(SamplingParams(temperature=0), tokenizer.n_vocab)
     c = _constraint(tokenizer, "json_schema", schema)
     out = c.take_forced()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import cuda_checks
+from llamatui.inference.rope import RopeSpec
 
 
 @pytest.mark.parametrize("name", cuda_checks.CHECK_NAMES)
@@ -77,8 +78,7 @@ def test_attention_refuses_an_unknown_cache_type():
 
 
 def test_rope_refuses_tables_of_the_wrong_size():
-    from llamatui.inference import ops
     from llamatui.inference.cuda.elementwise import rope
     with pytest.raises(ValueError, match=r"\(3,\) frequency factors"):
-        rope(np.zeros((2, 1, 8), np.float32), np.zeros(2, np.int64), ops.RopeSpec(8, 1e4),
+        rope(np.zeros((2, 1, 8), np.float32), np.zeros(2, np.int64), RopeSpec(8, 1e4),
              np.ones(3, np.float32))

@@ -1,6 +1,6 @@
 """Layer placement as llama.cpp's llama_model::load_tensors does it, on simulated devices."""
 import pytest
-from llamatui.inference.cuda.placement import OffloadError, plan_offload
+from llamatui.inference.placement import OffloadError, plan_offload
 
 GIB = 1 << 30
 N_LAYER = 10

@@ -8,7 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from llamatui.inference import ContextFullError, EmbeddingOnlyError, Engine, ops
+from llamatui.inference import ContextFullError, EmbeddingOnlyError, Engine
+from llamatui.inference.cpu import ops
 from llamatui.inference.embedding import normalize, pool
 from synthetic_models import write_model
 

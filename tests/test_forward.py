@@ -4,11 +4,13 @@ import math
 import numpy as np
 import pytest
 
-from llamatui.inference import ops
+from llamatui.inference.cpu import ops
 from llamatui.inference.gguf import GGUFFile, GGUFWriter
 from llamatui.inference.kv_cache import KVCacheFullError
 from llamatui.inference.catalog import UnsupportedArchitectureError
 from llamatui.inference.model import Batch, Model
+from llamatui.inference.rope import RopeSpec
+from llamatui.inference.cpu import attention
 
 
 def _log_softmax(row: np.ndarray) -> np.ndarray:
@@ -88,7 +90,7 @@ PRECISIONS = {"float32": 2e-3, "bf16": 3e-2, "int8": 6e-2}
 def test_incremental_decoding_equals_one_batch(which, precision, request, monkeypatch):
     """Token by token after a prompt, as one batch: the same logits, to the precision's rounding
     (bfloat16 prompt products where the CPU has them; 8-bit decode kernels where it has VNNI)."""
-    from llamatui.inference import matmul
+    from llamatui.inference.cpu import matmul
     if precision == "bf16" and not matmul.HAS_AVX512_BF16:
         pytest.skip("this CPU has no AVX512-BF16")
     if precision == "int8" and not matmul.HAS_INT8_DOT:
@@ -231,8 +233,8 @@ def test_rope_rotates_the_right_pairs(neox):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((3, 2, 10)).astype(np.float32)
     pos = np.array([0, 5, 1000])
-    spec = ops.RopeSpec(8, 10000.0, 0.5, neox)  # 8 of 10 dims rotated, linear scaling 2
-    got = spec.apply(x.copy(), pos)
+    spec = RopeSpec(8, 10000.0, 0.5, neox)  # 8 of 10 dims rotated, linear scaling 2
+    got = ops.rope_apply(x.copy(), pos, spec)
     theta = 0.5 * pos[:, None] * 10000.0 ** (-np.arange(4) * 2 / 8)
     i0, i1 = (np.arange(4), np.arange(4) + 4) if neox else (np.arange(0, 8, 2), np.arange(1, 8, 2))
     c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
@@ -262,14 +264,14 @@ def test_attention_kernels_against_float64(n, d, n_kv, f16, softcap):
     cell_pos = np.arange(n_kv, dtype=np.int32)
     cell_pos[5] = -1  # an empty cell
     tok_pos = np.arange(n_kv - n, n_kv)
-    mask = ops.build_kq_mask(cell_pos, np.ones((n_kv, 1), bool), tok_pos,
+    mask = attention.build_kq_mask(cell_pos, np.ones((n_kv, 1), bool), tok_pos,
                              np.zeros(n, np.int64), n_kv, n_swa=12 if n_kv < 100 else 400)
     if f16:
         k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-        got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3,
+        got = attention.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3,
                             softcap)
     else:
-        got = ops.attention(q, k, v, mask, 0.3, softcap)
+        got = attention.attention(q, k, v, mask, 0.3, softcap)
     want = np.empty((n, n_head, d))
     for h in range(n_head):
         g = h // (n_head // n_head_kv)
@@ -298,8 +300,8 @@ def test_attention_of_tokens_from_different_sequences(n):
     cell_seq[np.arange(n_kv), np.arange(n_kv) % n] = True  # cell j: sequence j % n
     cell_pos = (np.arange(n_kv) // n).astype(np.int32)
     seqs = rng.permutation(n)
-    mask = ops.build_kq_mask(cell_pos, cell_seq, np.full(n, steps - 1), seqs, n_kv)
-    got = ops.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
+    mask = attention.build_kq_mask(cell_pos, cell_seq, np.full(n, steps - 1), seqs, n_kv)
+    got = attention.attention(q, ops.f32_to_f16_bits(k), ops.f32_to_f16_bits(v), mask, 0.3)
     k, v = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
     want = np.empty((n, n_head, d))
     for t, seq in enumerate(seqs):

@@ -6,7 +6,7 @@ import pytest
 
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.tokenizer import Tokenizer
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
 from llamatui.quantizer.imatrix import Imatrix, ImatrixEntry, ImatrixError, collect_imatrix
 
 

@@ -149,6 +149,6 @@ def test_a_deeply_nested_schema_is_a_clear_error(depth):
 
 
 def test_tool_call_arguments_are_closed_too():
-    from llamatui.app.server.tool_calls import _json
+    from llamatui.inference.chat.tool_calls import _json
     text = _json({"type": "object", "properties": {"city": {"type": "string"}}})
     assert '"additionalProperties": false' in text

@@ -2,15 +2,16 @@
 import numpy as np
 import pytest
 
-from llamatui.inference import ops
+from llamatui.inference.cpu import ops
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.kv_cache import KVCache, KVCacheFullError
 from llamatui.inference.model import Batch, Model
 from llamatui.inference.quants import dequantize_rows
+from llamatui.inference.rope import RopeSpec
 
 
 def _cache(n_ctx=16, n_seq_max=3, type_k="f32", type_v="f32", neox=False, rope=None):
-    rope = rope or [ops.RopeSpec(32, 10000.0, 1.0, neox), ops.RopeSpec(32, 1e6, 0.5, neox)]
+    rope = rope or [RopeSpec(32, 10000.0, 1.0, neox), RopeSpec(32, 1e6, 0.5, neox)]
     return KVCache(n_ctx, len(rope), 2, 32, 32, type_k, type_v, n_seq_max, layer_rope=rope)
 
 
@@ -96,8 +97,8 @@ def test_seq_add_shifts_positions_and_frees_cells_below_zero():
 def _yarn_and_longrope(neox):
     """A YaRN layer (4x over 8 positions) and one with LongRoPE-style factors and magnitude."""
     factors = np.linspace(1.0, 4.0, 16).astype(np.float32)
-    return [ops.RopeSpec(32, 10000.0, 0.25, neox, n_ctx_orig=8, ext_factor=1.0),
-            ops.RopeSpec(32, 10000.0, 1.0, neox, factors, attn_factor=1.2)]
+    return [RopeSpec(32, 10000.0, 0.25, neox, n_ctx_orig=8, ext_factor=1.0),
+            RopeSpec(32, 10000.0, 1.0, neox, factors, attn_factor=1.2)]
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -112,13 +113,13 @@ def test_k_shift_equals_roping_at_the_new_positions(neox, scaled):
     v = [rng.standard_normal((8, 2, 32)).astype(np.float32) for _ in range(2)]
     cells = _store(kv, pos, 0)
     for il in range(2):
-        kv.write(il, cells, kv.layer_rope[il].apply(raw_k[il].copy(), pos), v[il])
+        kv.write(il, cells, ops.rope_apply(raw_k[il].copy(), pos, kv.layer_rope[il]), v[il])
     kv.seq_add(0, 12, -1, -7)
     new_pos = np.where(pos >= 12, pos - 7, pos)
     assert kv.pos[cells].tolist() == new_pos.tolist()
     for il in range(2):
         k, vv = kv.read_f32(il, kv.n_kv())
-        want = kv.layer_rope[il].apply(raw_k[il].copy(), new_pos)
+        want = ops.rope_apply(raw_k[il].copy(), new_pos, kv.layer_rope[il])
         np.testing.assert_allclose(k[cells], want, atol=5e-5)
         np.testing.assert_array_equal(vv[cells], v[il])
 
@@ -126,7 +127,7 @@ def test_k_shift_equals_roping_at_the_new_positions(neox, scaled):
 def test_k_shift_leaves_the_layers_without_rope_alone():
     """SmolLM3's NoPE layers (a None RoPE spec) keep their K through a shift."""
     rng = np.random.default_rng(1)
-    kv = _cache(rope=[ops.RopeSpec(32, 10000.0), None])
+    kv = _cache(rope=[RopeSpec(32, 10000.0), None])
     pos = np.arange(6)
     k = [rng.standard_normal((6, 2, 32)).astype(np.float32) for _ in range(2)]
     cells = _store(kv, pos, 0)

@@ -1,4 +1,4 @@
-"""llamatui.inference.matmul against gguf-py's reference dequantization.
+"""llamatui.inference.cpu.matmul against gguf-py's reference dequantization.
 
 Quantized bytes come from the starter models (the real tensors, read through our mmap reader) for
 the types they contain, and from llama.cpp's own quantizer (`golden/quant_vectors.npz`: 34 rows of
@@ -12,10 +12,10 @@ import gguf
 import numpy as np
 import pytest
 
-import llamatui.inference.matmul as mm
+import llamatui.inference.cpu.matmul as mm
 from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.matmul_simd import HAS_AVX512_BF16
+from llamatui.inference.cpu.simd import HAS_AVX512_BF16
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")

@@ -1,4 +1,4 @@
-"""The 8-bit decode kernels (llamatui.inference.matmul_int8): activations quantized as ggml's
+"""The 8-bit decode kernels (llamatui.inference.cpu.matmul_int8): activations quantized as ggml's
 quantize_row_q8_0 / q8_K quantize them, then multiplied into the weights' bytes by integer dot
 products. Each product must equal the float64 product of the dequantized weights (gguf-py) and the
 dequantized activations up to float32 rounding, and stay within the activations' 8-bit rounding of
@@ -13,9 +13,9 @@ import textwrap
 import numpy as np
 import pytest
 
-import llamatui.inference.matmul as mm
-from llamatui.inference import matmul_int8
-from llamatui.inference import matmul_simd as simd
+import llamatui.inference.cpu.matmul as mm
+from llamatui.inference.cpu import matmul_int8
+from llamatui.inference.cpu import simd
 from llamatui.inference.gguf import GGUFFile
 from test_matmul import MODEL_TENSORS, RTOL, reference
 
@@ -138,9 +138,9 @@ def test_other_lowerings_equal_this_one(vectors, tmp_path, vnni):
     np.savez(golden, **{t: vectors[t] for t in INT8_TYPES})
     script = textwrap.dedent(f"""
         import numpy as np
-        import llamatui.inference.matmul_simd as simd
+        import llamatui.inference.cpu.simd as simd
         simd.VNNI = {vnni!r}
-        import llamatui.inference.matmul as mm
+        import llamatui.inference.cpu.matmul as mm
         mm.USE_INT8 = True
         x = np.load({str(tmp_path / "x.npy")!r})
         with np.load({str(golden)!r}) as z:

@@ -1,4 +1,4 @@
-"""The row-interleaved 8-bit kernels (llamatui.inference.matmul_packed): 16 rows packed into the
+"""The row-interleaved 8-bit kernels (llamatui.inference.cpu.matmul_packed): 16 rows packed into the
 lanes of a vector at load, multiplied into activations quantized as ggml quantizes them. A
 product must equal the float64 product of the dequantized weights (gguf-py) and the dequantized
 activations up to float32 rounding, stay within the activations' 8-bit rounding of the exact
@@ -8,9 +8,10 @@ on it: a request's text must not depend on the requests that share its steps).
 import numpy as np
 import pytest
 
-import llamatui.inference.matmul as mm
-from llamatui.inference import matmul_packed
-from llamatui.inference.backend import CPUBackend, QWeight
+import llamatui.inference.cpu.matmul as mm
+from llamatui.inference.cpu import matmul_packed
+from llamatui.inference.backend import QWeight
+from llamatui.inference.cpu.backend import CPUBackend
 from llamatui.inference.gguf import GGUFFile, release_pages
 from test_matmul import RTOL, reference
 from test_matmul_int8 import ROUNDING, int8_decode, pytestmark, rounded  # noqa: F401 (fixture, marks)

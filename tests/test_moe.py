@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-import llamatui.inference.matmul as mm
+import llamatui.inference.cpu.matmul as mm
 import synthetic_models
 from llamatui.inference.archs import moe
 from llamatui.inference.hparams import ModelMetadataError

@@ -15,13 +15,14 @@ import pytest
 from synthetic_models import TOKENS, write_model
 
 from llamatui.app.cli import main
-from llamatui.inference.backend import Backend, CPUBackend
+from llamatui.inference.backend import Backend
+from llamatui.inference.cpu.backend import CPUBackend
 from llamatui.inference.catalog import get_arch
-from llamatui.inference.cuda.offload import Placement, model_sizes
-from llamatui.inference.cuda.placement import OffloadError
+from llamatui.inference.placement import Placement, model_sizes
+from llamatui.inference.placement import OffloadError
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.hparams import read_hparams
-from llamatui.inference.kv_cache import HostKVStore
+from llamatui.inference.cpu.backend import HostKVStore
 from llamatui.inference.model import Batch, Model
 
 probe_mod = importlib.import_module("llamatui.inference.cuda.probe")  # (not the function)
@@ -267,7 +268,7 @@ def test_offload_flags_are_checked_as_parsed(capsys, flags, words):
 
 
 def test_offload_flags_reach_the_engine(monkeypatch):
-    from llamatui.app import engine_args
+    from llamatui.app.cli import engine_args
     from llamatui.app.cli import build_parser
     args = build_parser({"run"}).parse_args(
         ["run", "-m", "x", "-ngl", "-1", "-mg", "1", "-ts", "3/1", "-sm", "none", "-nkvo"])
@@ -330,7 +331,7 @@ def test_hw_lists_each_gpu_with_what_fits(monkeypatch, capsys, tmp_path):
 
 
 def test_engine_panel_gpu_line():
-    from llamatui.app.tui_widgets import gpu_fact
+    from llamatui.app.tui.widgets import gpu_fact
     on_gpu = types.SimpleNamespace(n_layer=30, n_gpu_layers=31, vram_bytes=150_000_000,
                                    gpu_note="")
     assert gpu_fact(on_gpu) == "31/31 layers, 150.0 MB VRAM"

@@ -24,6 +24,10 @@ def test_every_package_folder_is_in_the_wheel():
 
 
 def test_package_data_covers_the_stylesheets():
+    """Every folder holding stylesheets ships them."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "*.tcss" in config["package-data"]["llamatui.app"]
-    assert list((ROOT / "app").glob("*.tcss"))
+    folders = {sheet.parent for sheet in (ROOT / "app").rglob("*.tcss")}
+    assert folders
+    for folder in folders:
+        package = ".".join(("llamatui.app", *folder.relative_to(ROOT / "app").parts))
+        assert "*.tcss" in config["package-data"].get(package, []), package

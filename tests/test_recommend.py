@@ -10,7 +10,7 @@ from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
 from llamatui.models import hub
-from llamatui.inference.cuda.placement import auto_margin
+from llamatui.inference.placement import auto_margin
 from llamatui.models.recommend import (RAM_USABLE_FRACTION, ModelShape, assess, estimate,
                                        estimate_file, estimate_hub_info, estimate_remote,
                                        offload_plan, recommend)
@@ -91,7 +91,7 @@ def test_real_models_shapes(smollm2_path, gemma3_path):
 
 def test_catalog_engine_types_are_what_the_kernels_compute():
     from llamatui.inference.catalog import ENGINE_TYPES
-    from llamatui.inference.matmul import supported_matmul_types
+    from llamatui.inference.cpu.matmul import supported_matmul_types
     assert ENGINE_TYPES == frozenset(supported_matmul_types())
 
 
@@ -146,7 +146,7 @@ def test_gpu_label_is_the_loaders_plan(smollm2_path):
     """The recommender's label and -ngl auto plan with the same sizes: the engine's own count of
     layer, output and KV bytes for the file."""
     from llamatui.inference.catalog import get_arch
-    from llamatui.inference.cuda.offload import model_sizes, work_bytes
+    from llamatui.inference.placement import model_sizes, work_bytes
     from llamatui.inference.gguf import GGUFFile
     from llamatui.inference.hparams import read_hparams
     est = estimate_file(smollm2_path, n_ctx=2048)

@@ -12,7 +12,7 @@ import pytest
 
 from llamatui.inference import (ContextFullError, Engine, EngineBusyError, EngineClosedError,
                                 NonFiniteLogitsError, QueueFullError, SamplingParams)
-from llamatui.inference.matmul_simd import HAS_INT8_DOT
+from llamatui.inference.cpu.simd import HAS_INT8_DOT
 from llamatui.inference.scheduler import SlotState
 
 

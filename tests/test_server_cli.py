@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from llamatui.app.cli import build_parser, main
-from llamatui.app.cmd_serve import server_config
+from llamatui.app.cli.serve import server_config
 from llamatui.inference import Engine
 
 MISSING = "/nonexistent/model.gguf"

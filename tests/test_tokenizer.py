@@ -4,8 +4,8 @@ import time
 import pytest
 
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.tokenizer import ATTR_CONTROL, StreamDecoder, Tokenizer
-from llamatui.inference.tokenizer_bpe import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX, PreTokenizer
+from llamatui.inference.tokenizers.tokenizer import ATTR_CONTROL, StreamDecoder, Tokenizer
+from llamatui.inference.tokenizers.bpe import GPT2_REGEX, LLAMA3_REGEX, QWEN2_REGEX, PreTokenizer
 
 MODES = [(a, p) for a in (0, 1) for p in (0, 1)]
 
@@ -283,7 +283,7 @@ def _clean_spaces_reference(text: bytes) -> bytes:
 
 def test_clean_spaces_matches_llama_cpp_loops():
     import random
-    from llamatui.inference.tokenizer import _clean_spaces
+    from llamatui.inference.tokenizers.tokenizer import _clean_spaces
     rng = random.Random(1234)
     alphabet = b" ' ' smrvetdl.,?!x"
     for n in range(0, 14):

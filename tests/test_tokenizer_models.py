@@ -3,10 +3,10 @@ import struct
 
 import pytest
 
-from llamatui.inference.tokenizer import Tokenizer
-from llamatui.inference.tokenizer_ugm import CharsMap
-from llamatui.inference.tokenizer_wpm import WPMModel
-from llamatui.inference.vocab import Vocab
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
+from llamatui.inference.tokenizers.ugm import CharsMap
+from llamatui.inference.tokenizers.wpm import WPMModel
+from llamatui.inference.tokenizers.vocab import Vocab
 
 
 def test_wordpiece_words_follow_bert_basic_tokenizer():

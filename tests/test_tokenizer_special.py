@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from llamatui.inference.tokenizer import ATTR_LSTRIP, ATTR_RSTRIP, Tokenizer
-from llamatui.inference.tokenizer_special import SpecialPartitioner, partition_longest_first
+from llamatui.inference.tokenizers.tokenizer import ATTR_LSTRIP, ATTR_RSTRIP, Tokenizer
+from llamatui.inference.tokenizers.special import SpecialPartitioner, partition_longest_first
 
 from test_tokenizer import _metadata
 

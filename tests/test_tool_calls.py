@@ -16,12 +16,12 @@ import pathlib
 
 import pytest
 
-from llamatui.app.server.tool_calls import (FAMILIES, ReplyStream, ToolPlan, family_named,
+from llamatui.inference.chat.tool_calls import (FAMILIES, ReplyStream, ToolPlan, family_named,
                                             family_of)
 from llamatui.inference import ConstraintSpec
-from llamatui.inference.chat_template import ChatTemplate
-from llamatui.inference.constraint import Constraint
-from llamatui.inference.tokenizer import Tokenizer
+from llamatui.inference.chat.template import ChatTemplate
+from llamatui.inference.chat.constraint import Constraint
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
 
 DATA = pathlib.Path(__file__).parent / "data"
 OUTPUTS = json.loads((DATA / "tool_call_outputs.json").read_text())

@@ -16,14 +16,14 @@ from textual.geometry import Region
 from textual.widgets import Footer, Input, Label, Markdown, OptionList, Static, TextArea
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
-from llamatui.app.tui import EngineLoader, LlamaTUI
-from llamatui.app import tui_chat
-from llamatui.app.tui_chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_READY,
+from llamatui.app.tui.app import EngineLoader, LlamaTUI
+from llamatui.app.tui import chat as tui_chat
+from llamatui.app.tui.chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_READY,
                                    READING_FIRST_PROMPT, READING_PROMPT, ChatScreen)
-from llamatui.app.tui_modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
+from llamatui.app.tui.modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
                                      ExportModal, HelpScreen, SettingsModal, WelcomeScreen)
-from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage, model_display_name
-from llamatui.inference import template_sandbox
+from llamatui.app.tui.widgets import WARMUP_STAGE, ChatMessage, model_display_name
+from llamatui.inference.chat import sandbox as template_sandbox
 from llamatui.models import store as model_store
 
 from tui_helpers import (FAST, SIZE, GatedLoader, SharedLoader, chat_state, engine_ready,
@@ -650,7 +650,8 @@ def test_theme_is_remembered(home):
 
 
 def test_llamatui_without_a_command_opens_the_app(monkeypatch):
-    from llamatui.app import cli, tui
+    from llamatui.app import cli
+    from llamatui.app.tui import app as tui
     calls = []
     monkeypatch.setattr(tui, "run_app", lambda model=None: calls.append(model) or 0)
     assert cli.main([]) == 0

@@ -12,12 +12,12 @@ from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 
 from textual.binding import Binding
 
-from llamatui.app.tui import EngineLoader, LlamaTUI
-from llamatui.app.tui_chat import CHAT_ACTIONS, ChatScreen
-from llamatui.app.tui_hardware import HardwareScreen
-from llamatui.app.tui_keys import APP_ACTIONS, key_label
-from llamatui.app.tui_models import ModelsScreen
-from llamatui.app.tui_modals import (ConfirmModal, ErrorModal, HelpScreen, ModelsModal,
+from llamatui.app.tui.app import EngineLoader, LlamaTUI
+from llamatui.app.tui.chat import CHAT_ACTIONS, ChatScreen
+from llamatui.app.tui.hardware import HardwareScreen
+from llamatui.app.tui.keys import APP_ACTIONS, key_label
+from llamatui.app.tui.models import ModelsScreen
+from llamatui.app.tui.modals import (ConfirmModal, ErrorModal, HelpScreen, ModelsModal,
                                      SettingsModal, WelcomeScreen)
 from llamatui.models import hardware as model_hardware
 from llamatui.models import store as model_store

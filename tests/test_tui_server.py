@@ -7,7 +7,7 @@ import openai
 import pytest
 from textual.widgets import DataTable, Input
 
-from llamatui.app.tui_server import ServerScreen
+from llamatui.app.tui.server import ServerScreen
 
 from server_helpers import free_port
 from tui_helpers import SIZE, engine_ready, make_app, wait_for
@@ -99,7 +99,7 @@ def test_server_screen_key_is_required(home, smollm2_path):
 
 
 def test_server_screen_without_a_model_says_so(home, monkeypatch):
-    monkeypatch.setattr("llamatui.app.tui.store_models", lambda: [])
+    monkeypatch.setattr("llamatui.app.tui.app.store_models", lambda: [])
 
     async def go():
         app = make_app()

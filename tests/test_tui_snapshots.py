@@ -12,7 +12,7 @@ from textual.command import CommandList
 from textual.widgets import Input
 
 from llamatui.app.conversations import ConversationStore
-from llamatui.app.tui_widgets import WARMUP_STAGE, ChatMessage
+from llamatui.app.tui.widgets import WARMUP_STAGE, ChatMessage
 from llamatui.models import store as model_store
 
 from tui_helpers import FAST, SIZE, SharedLoader, engine_ready, make_app, seed_chat, wait_for

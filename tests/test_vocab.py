@@ -2,8 +2,8 @@
 import pytest
 
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.tokenizer import Tokenizer
-from llamatui.inference.vocab import Vocab
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
+from llamatui.inference.tokenizers.vocab import Vocab
 
 
 @pytest.mark.parametrize("which", ["smollm2_path", "gemma3_path"])

@@ -16,7 +16,7 @@ import tempfile
 import conftest
 import pytest
 
-from llamatui.inference.tokenizer import Tokenizer
+from llamatui.inference.tokenizers.tokenizer import Tokenizer
 
 SDIST = "llama-cpp-python==0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"

@@ -9,7 +9,7 @@ import time
 import zipfile
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
-from llamatui.app.tui import EngineLoader, LlamaTUI
+from llamatui.app.tui.app import EngineLoader, LlamaTUI
 from llamatui.inference import GGUFFile, GGUFWriter
 from llamatui.models import store as model_store
 

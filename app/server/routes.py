@@ -25,7 +25,7 @@ from .errors import APIError, exceed_context, invalid, not_supported
 from .schema import check
 from .shapes import Choice, Shaper
 from .sse import DONE, PING, EventStream, sse, until_disconnect
-from .tool_calls import ReplyStream, ToolPlan, family_of
+from llamatui.inference.chat.tool_calls import ReplyStream, ToolPlan, family_of
 
 MAX_BODY = 32 * 1024 * 1024  # bytes; llama-server's httplib payload limit is larger, but a
 # prompt this size is already far beyond any context

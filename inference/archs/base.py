@@ -43,7 +43,7 @@ class Architecture(ABC):
         checks what it cannot run; the shared keys are already read."""
 
     def layer_rope(self, hp: HParams, il: int, n_ctx: int):
-        """How layer il rotates Q and K in a context of n_ctx cells (an ops.RopeSpec), or None
+        """How layer il rotates Q and K in a context of n_ctx cells (a rope.RopeSpec), or None
         for a layer without RoPE. The model keeps one per layer: attention and the KV cache's
         position shift use the same."""
         return hp.layer_rope(il, n_ctx)

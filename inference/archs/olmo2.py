@@ -14,7 +14,7 @@ attention.sliding_window_pattern says), and the sliding layers rotate with rope.
 no scaling at all (llama.cpp passes freq_scale 1, ext_factor 0, attn_factor 1 there: OLMo 3
 applies YaRN to its global layers only).
 """
-from ..ops import RopeSpec
+from ..rope import RopeSpec
 from .base import Transformer
 
 

@@ -20,7 +20,7 @@ This package imports numba.cuda only through the kernel and backend modules; `pr
 a GPU is there). The kernels and the backend run unchanged under `NUMBA_ENABLE_CUDASIM=1`, which
 is how CI checks them against the CPU backend without a GPU.
 """
-from .placement import OffloadPlan, plan_offload
+from ..placement import OffloadPlan, plan_offload
 from .probe import GPUDevice, GPUProbe, probe
 
 __all__ = ["GPUDevice", "GPUProbe", "OffloadPlan", "plan_offload", "probe"]

@@ -2,7 +2,7 @@
 
     attention(q, k, v, k_type, v_type, n_head_kv, cells, tokens, n_swa, scale, out)
 
-computes what `ops.attention` computes with the mask of `ops.build_kq_mask`: token t's query
+computes what `cpu.attention.attention` computes with the mask of `cpu.attention.build_kq_mask`: token t's query
 head h attends the cells j < n_kv that hold a position of the token's sequence not after its
 own (and, with a sliding window n_swa > 0, less than n_swa before it), through KV head
 h // (n_head / n_head_kv). The mask is built in the kernel from the cells' positions and
@@ -28,8 +28,8 @@ import numpy as np
 from numba import cuda, types
 
 from .dequant import CHUNK, DEVICE_TYPES
-from .device import (NEG_INF, ONE, SIMULATED, ZERO, bits_f32, block_max, block_sum,
-                     device_function, half_at, i8_at, u32_at)
+from .device import (NEG_INF, ONE, SIMULATED, ZERO, bits_f32, block_max, block_sum, device_function,
+                     half_at, i8_at, u32_at)
 
 # the KV cache's storage types (kv_cache.CACHE_TYPES), as ggml type names
 KV_TYPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0"}
@@ -51,7 +51,7 @@ def f16_value(a, row, col):
 
 @device_function
 def q8_0_value(a, row, col):
-    """Value `col` of a Q8_0 row: q * d of its 32-value block (ops.dequantize_q8_0_rows)."""
+    """Value `col` of a Q8_0 row: q * d of its 32-value block (cpu.ops.dequantize_q8_0_rows)."""
     offset = 34 * (col // 32)
     return np.float32(i8_at(a, row, offset + 2 + col % 32)) * half_at(a, row, offset)
 
@@ -61,7 +61,7 @@ _VALUE_READERS = {"f32": f32_value, "f16": f16_value, "q8_0": q8_0_value}
 
 @device_function
 def visible(cell_pos, cell_seq, j, pos, seq, n_swa):
-    """May a token at `pos` of sequence `seq` attend cell j (ops.build_kq_mask)?"""
+    """May a token at `pos` of sequence `seq` attend cell j (cpu.attention.build_kq_mask)?"""
     p0 = cell_pos[j]
     if p0 < 0 or not cell_seq[j, seq] or p0 > pos:
         return False

@@ -474,7 +474,7 @@ class CUDABackend(Backend):
 
     def layer_norm(self, x, w, b, eps: float):
         """LayerNorm over the last axis times w plus b (None: no bias), the mean and variance
-        summed in float64 as ggml's CPU op (and ops.layer_norm) sums them."""
+        summed in float64 as ggml's CPU op (and cpu.ops.layer_norm) sums them."""
         out = self._empty(x.shape)
         self.rt.op(_layer_norm, self.rt.xp, x, w, b, np.float32(eps), out)
         return out
@@ -494,7 +494,7 @@ def _attention_chunk(xp, q, kf, vf, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
                      softcap, n_head_kv, out):
     """Attention of the query tokens q (m, n_head, d_k) over float32 K and V of the cache's
     cells (n_kv, n_head_kv * d) into out (m, n_head, d_v), the mask built from the cells'
-    positions and sequences (ops.build_kq_mask), with array module xp (CuPy, or numpy
+    positions and sequences (cpu.attention.build_kq_mask), with array module xp (CuPy, or numpy
     simulated)."""
     visible = (cell_pos[None, :] >= 0) & (cell_pos[None, :] <= tok_pos[:, None]) \
         & cell_seq[:, tok_seq].T

@@ -1,6 +1,6 @@
 """RMS norm, RoPE, the gated activations and greedy argmax on the device.
 
-Each kernel computes what its CPU twin in `llamatui.inference.ops` computes, in float32:
+Each kernel computes what its CPU twin in `llamatui.inference.cpu.ops` computes, in float32:
 - `rms_norm`: y = x / sqrt(mean(x²) + eps) * w, one block per row (ggml-cuda/norm.cu
   rms_norm_f32); the sum of squares is a float32 tree sum (the CPU sums in float64).
 - `rope`: NORM (pairs 2i, 2i+1) or NEOX (pairs i, i + n_dims/2) rotation in place, with
@@ -10,7 +10,7 @@ Each kernel computes what its CPU twin in `llamatui.inference.ops` computes, in 
   long positions).
 - `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
-  fp16 indexes the table; exact beyond ±10): bit for bit ops.geglu.
+  fp16 indexes the table; exact beyond ±10): bit for bit cpu.ops.geglu.
 - `argmax`: the index of each row's largest value, the first one on ties like numpy
   (ggml-cuda/argmax.cu); rows must hold no NaN.
 """
@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ..ops import _GELU_TABLE
+from ..quants.fp16 import GELU_F16_TABLE
 from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half_bits, shfl_xor_f32,
                      shfl_xor_i32)
 
@@ -94,7 +94,7 @@ def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, cor
         theta = theta * theta_scale
     extrap = theta / freq_factors[i]
     angle = freq_scale * extrap
-    if ext_factor != 0:  # ops.rope_tables' YaRN mix, in the same float32 steps
+    if ext_factor != 0:  # cpu.ops.rope_tables' YaRN mix, in the same float32 steps
         one = np.float32(1.0)
         y = (np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo)
         mix = (one - min(one, max(np.float32(0.0), y))) * ext_factor
@@ -115,7 +115,7 @@ def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, cor
 
 def rope(x, pos, spec, freq_factors, stream=0):
     """Rotates x (n_tok, n_head, head_dim) float32 in place for positions `pos` (n_tok,) with
-    the layer's `ops.RopeSpec`. `freq_factors`: the spec's factors as a device float32 array of
+    the layer's `RopeSpec`. `freq_factors`: the spec's factors as a device float32 array of
     n_dims/2 (ones when the spec has none). Returns x."""
     _check_f32("rope", x=x, freq_factors=freq_factors)
     half = spec.n_dims // 2
@@ -150,7 +150,7 @@ def swiglu_kernel(g, u, out):
 
 @cuda.jit
 def geglu_kernel(g, u, table, out):
-    """out = table[fp16(g)] * u, 0 for g <= -10 and g * u for g >= 10 (ops._geglu_table)."""
+    """out = table[fp16(g)] * u, 0 for g <= -10 and g * u for g >= 10 (cpu.ops._geglu_table)."""
     k = cuda.grid(1)
     d = g.shape[1]
     if k < g.shape[0] * d:
@@ -181,7 +181,7 @@ def swiglu(gate, up, out, stream=0):
     return _gated("swiglu", swiglu_kernel, gate, up, out, stream)
 
 
-GELU_TABLE = _GELU_TABLE  # host copy of ggml's fp16 GELU table; the backend uploads it once
+GELU_TABLE = GELU_F16_TABLE  # host copy of ggml's fp16 GELU table; the backend uploads it once
 
 
 def geglu(gate, up, out, table, stream=0):

@@ -14,73 +14,9 @@ there too and a decode step never leaves the device (which lets it run as one CU
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .placement import OffloadPlan, auto_margin, device_work_bytes, parse_n_gpu_layers, \
-    plan_offload
+from ..placement import (Placement, auto_margin, cpu_only, model_sizes, parse_n_gpu_layers,
+                         plan_offload, work_bytes)
 from .probe import probe
-
-KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
-
-
-@dataclass
-class Placement:
-    """The backend of every part of a model (see the module docstring)."""
-    input: object
-    layers: list
-    kv: list
-    output: object
-    plan: OffloadPlan | None = None
-    note: str = ""  # why the GPU is not used (one line), or ""
-    gpu_backends: list = field(default_factory=list)
-
-    @property
-    def backends(self) -> list:
-        """Every distinct backend, the CPU's first."""
-        seen = []
-        for be in (self.input, *self.layers, *self.kv, self.output):
-            if not any(be is s for s in seen):
-                seen.append(be)
-        return seen
-
-    @property
-    def n_gpu_layers(self) -> int:
-        return self.plan.n_gpu_layers if self.plan is not None else 0
-
-    def close(self) -> None:
-        for be in self.gpu_backends:
-            be.close()
-
-
-def cpu_only(cpu, n_layer: int, note: str = "") -> Placement:
-    return Placement(cpu, [cpu] * n_layer, [cpu] * n_layer, cpu, None, note)
-
-
-def model_sizes(gguf, hp, n_ctx: int, type_k: str, type_v: str) -> tuple[list, int, list]:
-    """(bytes of each repeating layer's tensors, bytes of the output layer (its norm and matrix:
-    the token embedding when tied), KV bytes of each layer for n_ctx cells)."""
-    layer_bytes = [0] * hp.n_layer
-    for name, t in gguf.tensors.items():
-        if name.startswith("blk."):
-            index = name.split(".")[1]
-            if index.isdigit() and int(index) < hp.n_layer:
-                layer_bytes[int(index)] += t.nbytes
-    output_bytes = 0
-    for name in ("output.weight" if "output.weight" in gguf.tensors else "token_embd.weight",
-                 "output_norm.weight"):
-        if name in gguf.tensors:
-            output_bytes += gguf.tensors[name].nbytes
-    kv = int(n_ctx * hp.n_head_kv * (hp.head_dim_k * KV_BYTES_PER_VALUE[type_k]
-                                     + hp.head_dim_v * KV_BYTES_PER_VALUE[type_v]))
-    return layer_bytes, output_bytes, [kv] * hp.n_layer
-
-
-def work_bytes(gguf, hp, n_ctx: int, n_ubatch: int) -> int:
-    """device_work_bytes for this model."""
-    largest = max((t.n_elements for t in gguf.tensors.values() if len(t.shape) == 2), default=0)
-    return device_work_bytes(hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_head, hp.n_head_kv,
-                             hp.head_dim_k, hp.head_dim_v, n_ctx, n_ubatch, largest)
-
 
 def place(gguf, hp, n_ctx: int, type_k: str, type_v: str, n_ubatch: int, cpu,
           n_gpu_layers=0, main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,

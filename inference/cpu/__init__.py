@@ -1,0 +1,8 @@
+"""The CPU backend: numba kernels on the GGUF bytes in place.
+
+- `backend`: CPUBackend, the Backend interface on numpy and numba.
+- `matmul`: quantized matrix products and their paths (decode, batch decode, prompt, packed);
+  `matmul_kernels` (float32 kernels per type), `matmul_int8` (8-bit activations, integer dots),
+  `matmul_packed` (interleaved rows for VNNI), `simd` (16-lane vectors and CPU features).
+- `ops`: norms, RoPE, activations, softmax; `attention`: the attention kernels.
+"""

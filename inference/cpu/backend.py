@@ -1,0 +1,260 @@
+"""The CPU backend: the Backend interface on numpy and numba.
+
+Quantized matrix products go through `matmul` (each ggml type's kernels working on the GGUF bytes
+in place, packed 8-bit copies where the CPU has VNNI), the rest through `ops` and `attention`.
+K and V rows live in host memory (`HostKVStore`), in the cache's storage type.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numba
+import numpy as np
+
+from ..backend import Backend, KQMask, QExperts, QWeight
+from ..gguf import release_pages
+from ..rope import RopeSpec
+from . import attention, ops
+from .matmul import embedding_rows, matmul, matmul_id, packed_product, packed_weight
+from .matmul_packed import fuse
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_heap_kept = False
+
+
+def keep_freed_memory_in_heap() -> None:
+    """Tells glibc's malloc to serve large arrays from its heap and keep freed memory there.
+
+    By default each activation array over ~128 KiB is a fresh mmap that is unmapped when freed, so
+    every layer page-faults its buffers in again: about 10 % of a 512-token prompt here. With
+    this they are reused; peak RSS is unchanged (up to 64 MiB freed after a prompt stays with
+    the process, as llama.cpp's compute buffers do). A no-op off glibc."""
+    global _heap_kept
+    if _heap_kept or not sys.platform.startswith("linux"):
+        return
+    _heap_kept = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        # activations stay in the heap; big long-lived arrays (a KV cache) still get their own
+        # mapping, returned to the system when freed
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    except (OSError, AttributeError):  # musl and others: no mallopt
+        pass
+
+
+# at import, before a model's tokenizer fills the heap with small objects: set later, it helps less
+keep_freed_memory_in_heap()
+
+class HostKVStore:
+    """The rows of one tensor (K or V of one layer) for all cells, in one storage type, in host
+    memory (what CPUBackend.kv_store gives; another backend keeps its layers' rows on its device
+    behind the same methods)."""
+
+    def __init__(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
+        self.type = type_name
+        self.n_head, self.head_dim = n_head, head_dim
+        self.row = n_head * head_dim
+        if type_name == "f32":
+            shape, dtype = (n_ctx, self.row), np.float32
+        elif type_name == "f16":
+            shape, dtype = (n_ctx, self.row), np.uint16
+        else:
+            if self.row % ops.QK8_0:
+                raise ValueError(f"q8_0 cache: a row of {self.row} values is not a whole number "
+                                 f"of {ops.QK8_0}-value blocks")
+            shape, dtype = (n_ctx, self.row // ops.QK8_0 * ops.Q8_0_BLOCK_BYTES), np.uint8
+        self.data = np.zeros(shape, dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def write(self, cells: np.ndarray, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float32).reshape(len(cells), self.row)
+        if self.type == "f32":
+            self.data[cells] = x
+        elif self.type == "f16":
+            self.data[cells] = ops.f32_to_f16_bits(x)
+        else:
+            self.data[cells] = ops.quantize_q8_0_rows(x)
+
+    def read(self, n: int) -> np.ndarray:
+        """Cells [0, n) as (n, n_head, head_dim) for attention: float32 (a view for f32), or the
+        fp16 bit patterns themselves (uint16 view) for f16."""
+        if self.type == "f16":
+            return self.data[:n].reshape(n, self.n_head, self.head_dim)
+        return self.read_f32(n)
+
+    def read_f32(self, n: int) -> np.ndarray:
+        """float32 (n, n_head, head_dim) of cells [0, n); a view for f32."""
+        return self._decode(self.data[:n]).reshape(n, self.n_head, self.head_dim)
+
+    def read_cells(self, cells: np.ndarray) -> np.ndarray:
+        return self._decode(self.data[cells]).reshape(len(cells), self.n_head, self.head_dim)
+
+    def _decode(self, raw: np.ndarray) -> np.ndarray:
+        if self.type == "f32":
+            return raw
+        if self.type == "f16":
+            return ops.f16_bits_to_f32(raw)
+        return ops.dequantize_q8_0_rows(raw, self.row)
+
+
+class CPUBackend(Backend):
+    """numpy/numba kernels on the host."""
+
+    name = "cpu"
+
+    def __init__(self, n_threads: int | None = None):
+        if n_threads is not None:
+            numba.set_num_threads(max(1, min(int(n_threads), numba.config.NUMBA_NUM_THREADS)))
+        self._rope_cache: dict = {}
+
+    # ---------------------------------------------------------------- weights and data
+
+    def weight(self, tensor) -> QWeight:
+        """A 2-D GGUF tensor prepared for `matmul` / `get_rows` (no copy on the CPU)."""
+        return QWeight.from_tensor(tensor)
+
+    def experts(self, tensor) -> QExperts:
+        """A 3-D GGUF tensor of expert matrices for `matmul_id` (no copy on the CPU)."""
+        return QExperts.from_tensor(tensor)
+
+    def vector(self, tensor) -> np.ndarray:
+        """A 1-D tensor (norm weight, bias) as float32."""
+        return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32).reshape(-1)
+
+    def kv_store(self, type_name: str, n_ctx: int, n_head: int, head_dim: int) -> HostKVStore:
+        return HostKVStore(type_name, n_ctx, n_head, head_dim)
+
+    def take(self, x) -> np.ndarray:
+        """An activation array from any backend, here."""
+        return np.asarray(x, dtype=np.float32)
+
+    def to_host(self, x) -> np.ndarray:
+        """One of this backend's arrays as a numpy array."""
+        return np.asarray(x)
+
+    # ---------------------------------------------------------------- kernels
+
+    def get_rows(self, w: QWeight, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` of `w`, float32 (n, n_in) (the token embedding lookup)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= w.n_out):
+            raise ValueError(f"{w}: row id out of range [0, {w.n_out})")
+        return embedding_rows(w.type, w.rows, ids)
+
+    def matmul(self, w: QWeight, x: np.ndarray) -> np.ndarray:
+        """x (n, n_in) float32 times wᵀ: (n, n_out)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != w.n_in:
+            raise ValueError(f"matmul {w}: input of shape {x.shape}")
+        if w.packed is None:
+            # read once to pack, chunk by chunk: then only the packed copy stays resident
+            w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
+        return matmul(w.type, w.rows, x, packed=w.packed or None)
+
+    def matmul_many(self, ws, x: np.ndarray) -> list[np.ndarray]:
+        """x (n, n_in) times each of `ws`: one product where their packed copies could be fused
+        (same format and input size: matmul_packed.fuse), so that a step launches the threads
+        and quantizes x once instead of once per matrix (on SmolLM2 7 products a layer become
+        4); else one product each. Each result is its own C-contiguous array either way."""
+        ws = tuple(ws)
+        fused = ws[0].fused
+        if fused is None:
+            fused = ws[0].fused = self._fuse(ws)
+        if fused and fused[0] == ws:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            if x.ndim != 2 or x.shape[1] != ws[0].n_in:
+                raise ValueError(f"matmul {ws[0]}: input of shape {x.shape}")
+            outs = packed_product(fused[1], x)
+            if outs is not None:
+                return outs
+        return [self.matmul(w, x) for w in ws]
+
+    def _fuse(self, ws: tuple) -> tuple | bool:
+        """(ws, their packed copies as one), each w.packed becoming a view of it; False when
+        they are not all packed of one format and input size."""
+        for w in ws:
+            if w.packed is None:
+                w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
+        if len(ws) < 2 or not all(w.packed for w in ws) \
+                or len({(w.type, w.n_in) for w in ws}) > 1:
+            return False
+        whole, parts = fuse([w.packed for w in ws])
+        for w, part in zip(ws, parts):
+            w.packed = part
+        return ws, whole
+
+    def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """x (n, n_in) or (n, n_used, n_in) times the experts `ids` (n, n_used) chose:
+        (n, n_used, n_out)."""
+        if x.shape[-1] != w.n_in:
+            raise ValueError(f"matmul_id {w}: input of shape {x.shape}")
+        return matmul_id(w.type, w.rows, x, ids)
+
+    def weighted_sum(self, x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """x (n, k, d) summed over k times weights (n, k): (n, d), added in ggml's order."""
+        weights = np.asarray(weights, dtype=np.float32)[:, :, None]
+        out = x[:, 0] * weights[:, 0]
+        for j in range(1, x.shape[1]):
+            out += x[:, j] * weights[:, j]
+        return out
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        """RMS norm over the last axis, times `w`."""
+        return ops.rms_norm(x, w, eps)
+
+    def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
+                   eps: float) -> np.ndarray:
+        return ops.layer_norm(x, w, b, eps)
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, spec: RopeSpec) -> np.ndarray:
+        """x (n, n_head, head_dim) rotated for positions `pos`; may rotate x in place."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        key = (spec.key(), np.asarray(pos).tobytes())
+        tables = self._rope_cache.get(key)
+        if tables is None:
+            if len(self._rope_cache) > 8:
+                self._rope_cache.clear()
+            tables = self._rope_cache[key] = ops.rope_tables(pos, spec)
+        return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask,
+                  scale: float, softcap: float = 0.0) -> np.ndarray:
+        """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
+        k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
+        itself (float32)."""
+        q = np.asarray(q, dtype=np.float32)
+        if not isinstance(mask, KQMask):
+            return attention.attention(q, k, v, mask, scale, softcap)
+        if len(q) <= attention.ATTN_FUSED_MAX_TOKENS:
+            return attention.attention(q, k, v, mask.dense(), scale, softcap, cells=mask.cells())
+        out = attention.attention(q, k, v, mask.dense(), scale, softcap)
+        if 0 < mask.ctx.out_rows.size < len(q):
+            rows, cells = mask.sampled()
+            # rows whose logits are sampled take the per-token kernel in any batch, so that a
+            # token's logits are the same whether its prompt came with others, alone or cached
+            out[rows] = attention.attention(np.ascontiguousarray(q[rows]), k, v, mask.dense()[rows],
+                                      scale, softcap, cells=cells)
+        return out
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return ops.swiglu(gate, up)
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return ops.geglu(gate, up)
+
+    def gelu(self, x: np.ndarray) -> np.ndarray:
+        return ops.gelu(x)
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.add(a, b, dtype=np.float32)
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return np.multiply(x, np.float32(s), dtype=np.float32)
+
+    def __repr__(self):
+        return f"CPUBackend(threads={numba.get_num_threads()})"
