@@ -8,13 +8,13 @@ import importlib
 _EXPORTS = {
     "Engine": "engine", "ContextFullError": "engine", "GenerationEvent": "engine",
     "ModelInfo": "engine", "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf",
-    "CHAT_TEMPLATE_NAMES": "chat_templates_builtin", "ChatTemplateError": "chat_template",
+    "CHAT_TEMPLATE_NAMES": "chat.builtin_templates", "ChatTemplateError": "chat.template",
     "EngineBusyError": "engine", "EngineClosedError": "engine", "Scheduler": "scheduler",
     "SamplingParams": "sampling", "QueueFullError": "scheduler",
     "NonFiniteLogitsError": "scheduler", "ModelMetadataError": "hparams",
     "InsufficientMemoryError": "memory", "UnsupportedArchitectureError": "catalog",
-    "ConstraintSpec": "constraint", "ConstraintError": "constraint",
-    "generation_schema": "json_schema",
+    "ConstraintSpec": "chat.constraint", "ConstraintError": "chat.constraint",
+    "generation_schema": "chat.json_schema",
     "EmbeddingOnlyError": "model", "POOLINGS": "embedding",
 }
 __all__ = list(_EXPORTS)

@@ -32,7 +32,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llamatui.inference import ConstraintSpec, generation_schema
+from .constraint import ConstraintSpec
+from .json_schema import generation_schema
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ARGUMENT_FRAGMENT = 24  # characters of arguments per streamed delta (OpenAI sends fragments)
