@@ -1,21 +1,44 @@
-"""The llamatui engine. Front-ends use `Engine` (and a server its `Scheduler`, with the request
-types below); the rest is for tools and tests.
+"""The llamatui engine's public API: everything a front-end (app/, and models/ and quantizer/
+where they can) uses, and nothing else. import-linter holds app/ to these names
+(pyproject.toml, tests/test_architecture.py).
 
-Names are imported on first use so that light tools (inspect, tokenize) don't load the kernels.
+    from llamatui.inference import Engine, LoadConfig
+    engine = Engine.load("model.gguf", LoadConfig(n_ctx=4096))
+    for event in engine.generate([{"role": "user", "content": "Hi"}]): ...
+
+Names are imported on first use, so that light tools (inspect, tokenize, the model manager) do
+not load numba and the kernels.
 """
 import importlib
 
+# public name -> "module" (the name is the module's own) or "module:attribute"
 _EXPORTS = {
-    "Engine": "engine", "ContextFullError": "engine", "GenerationEvent": "engine",
-    "ModelInfo": "engine", "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf",
+    # loading and running a model
+    "Engine": "engine", "ModelInfo": "engine", "GenerationEvent": "engine",
+    "default_threads": "engine",
+    "LoadConfig": "config", "OffloadOptions": "config", "OffloadError": "placement",
+    "Scheduler": "scheduler", "SamplingParams": "sampling",
+    # what can go wrong
+    "ContextFullError": "engine", "EngineBusyError": "engine", "EngineClosedError": "engine",
+    "QueueFullError": "scheduler", "NonFiniteLogitsError": "scheduler",
+    "ModelMetadataError": "hparams", "InsufficientMemoryError": "memory",
+    "UnsupportedArchitectureError": "catalog", "EmbeddingOnlyError": "model",
+    # chat formatting, structured output, tool calls
     "CHAT_TEMPLATE_NAMES": "chat.builtin_templates", "ChatTemplateError": "chat.template",
-    "EngineBusyError": "engine", "EngineClosedError": "engine", "Scheduler": "scheduler",
-    "SamplingParams": "sampling", "QueueFullError": "scheduler",
-    "NonFiniteLogitsError": "scheduler", "ModelMetadataError": "hparams",
-    "InsufficientMemoryError": "memory", "UnsupportedArchitectureError": "catalog",
     "ConstraintSpec": "chat.constraint", "ConstraintError": "chat.constraint",
     "generation_schema": "chat.json_schema",
-    "EmbeddingOnlyError": "model", "POOLINGS": "embedding",
+    "ToolPlan": "chat.tool_calls", "ReplyStream": "chat.tool_calls",
+    "tool_call_family": "chat.tool_calls:family_of",
+    # files, tokens, measurements
+    "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf", "GGUFValueType": "gguf",
+    "Tokenizer": "tokenizers.tokenizer", "POOLINGS": "embedding",
+    "run_bench": "bench", "perplexity": "perplexity",
+    # the catalog's facts: ggml types, quantization mixes, architectures
+    "GGML_TYPES": "catalog", "MIXES": "catalog", "MIXES_BY_NAME": "catalog",
+    "MIXES_BY_FILE_TYPE": "catalog", "MIX_ALIASES": "catalog", "ARCHITECTURES": "catalog",
+    "mix_name": "catalog",
+    # GPUs
+    "probe_gpus": "cuda.probe:probe", "CUPY_MISSING": "cuda.probe",
 }
 __all__ = list(_EXPORTS)
 
@@ -23,4 +46,11 @@ __all__ = list(_EXPORTS)
 def __getattr__(name):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    module, _, attribute = _EXPORTS[name].partition(":")
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute or name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(__all__)
