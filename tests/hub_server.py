@@ -302,241 +302,274 @@ class HubServer:
         return f'"{f.sha256}{self.etag_salt}"'
 
 
-def _make_handler(server: HubServer):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class HubHandler(BaseHTTPRequestHandler):
+    """The stand-in Hub's answers, one method per route (see the module docstring). `hub` is the
+    HubServer whose repositories and knobs it serves: set on the subclass _make_handler makes
+    for each server (`self.server` is the listener, as in any BaseHTTPRequestHandler)."""
 
-        def log_message(self, *args):  # quiet
+    protocol_version = "HTTP/1.1"
+    hub: HubServer
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def setup(self):
+        super().setup()
+        with self.hub._lock:
+            self.hub._connections.add(self.connection)
+
+    def finish(self):
+        with self.hub._lock:
+            self.hub._connections.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
             pass
 
-        def setup(self):
-            super().setup()
-            with server._lock:
-                server._connections.add(self.connection)
+    # ------------------------------------------------------------ helpers
 
-        def finish(self):
-            with server._lock:
-                server._connections.discard(self.connection)
-            try:
-                super().finish()
-            except OSError:
-                pass
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
+              ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
-        # ------------------------------------------------------------ helpers
+    def _json(self, data, status: int = 200, headers: dict | None = None) -> None:
+        self._send(status, json.dumps(data).encode(), headers)
 
-        def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
-                  ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._json({"error": message}, status,
+                   {"X-Error-Code": code, "X-Error-Message": message})
 
-        def _json(self, data, status: int = 200, headers: dict | None = None) -> None:
-            self._send(status, json.dumps(data).encode(), headers)
+    def _authorized(self) -> bool:
+        return self.headers.get("Authorization") == f"Bearer {self.hub.token}"
 
-        def _error(self, status: int, code: str, message: str) -> None:
-            self._json({"error": message}, status,
-                       {"X-Error-Code": code, "X-Error-Message": message})
+    def _repo(self, repo_id: str, for_files: bool = False) -> FakeRepo | None:
+        """The repository, or None once the Hub's error for it is sent (missing, private, or
+        gated when its files are asked for)."""
+        repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            self._error(404, self.hub.not_found_code, "Repository not found")
+            return None
+        if repo.private:
+            self._error(401, "RepoNotFound", "Repository not found")
+            return None
+        if repo.gated and for_files:
+            status = 403 if self._authorized() else 401
+            self._error(status, "GatedRepo",
+                        f"Access to model {repo_id} is restricted. You must have access to "
+                        "it and be authenticated to access it. Please log in.")
+            return None
+        return repo
 
-        def _authorized(self) -> bool:
-            return self.headers.get("Authorization") == f"Bearer {server.token}"
+    # ------------------------------------------------------------ routing
 
-        def _repo(self, repo_id: str, for_files: bool = False) -> FakeRepo | None:
-            repo = server.repos.get(repo_id)
-            if repo is None:
-                self._error(404, server.not_found_code, "Repository not found")
-                return None
-            if repo.private:
-                self._error(401, "RepoNotFound", "Repository not found")
-                return None
-            if repo.gated and for_files:
-                status = 403 if self._authorized() else 401
-                self._error(status, "GatedRepo",
-                            f"Access to model {repo_id} is restricted. You must have access to "
-                            "it and be authenticated to access it. Please log in.")
-                return None
-            return repo
+    def do_HEAD(self):
+        self._route()
 
-        # ------------------------------------------------------------ routes
+    def do_GET(self):
+        self._route()
 
-        def do_HEAD(self):
-            self._route()
+    def do_POST(self):
+        self._route()
 
-        def do_GET(self):
-            self._route()
+    def _route(self):
+        u = urlparse(self.path)
+        path = unquote(u.path)
+        q = parse_qs(u.query)
+        self.entry = self.hub.log(method=self.command, path=path, query=q,
+                                  headers={k.lower(): v for k, v in self.headers.items()})
+        try:
+            if path == "/api/models":
+                return self.search(q)
+            if path.startswith("/api/models/"):
+                return self._api(path[len("/api/models/"):], q)
+            if path.startswith("/cdn/"):
+                return self.cdn(path[len("/cdn/"):])
+            parts = path.strip("/").split("/")
+            if len(parts) >= 5 and parts[2] == "resolve":
+                return self.resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
+            self._error(404, "NotFound", f"no route for {path}")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
-        def do_POST(self):
-            self._route()
+    def _api(self, rest: str, q):
+        """/api/models/{owner}/{name}[/...]: the repository's own routes."""
+        parts = rest.split("/")
+        if len(parts) < 2:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        repo = self._repo("/".join(parts[:2]))
+        if repo is None:
+            return
+        tail = parts[2:]
+        if not tail or tail[0] == "revision":
+            return self.model_info(repo, tail[1] if len(tail) > 1 else None, q)
+        if tail[0] == "tree" and len(tail) >= 2:
+            return self.tree(repo, tail[1], "/".join(tail[2:]), q)
+        if tail[0] == "paths-info" and self.command == "POST":
+            return self.paths_info(repo)
+        self._error(404, "NotFound", "unknown API route")
 
-        def _route(self):
-            u = urlparse(self.path)
-            path = unquote(u.path)
-            q = parse_qs(u.query)
-            self.entry = server.log(method=self.command, path=path, query=q,
-                                    headers={k.lower(): v for k, v in self.headers.items()})
-            try:
-                if path == "/api/models":
-                    return self._search(q)
-                if path.startswith("/api/models/"):
-                    return self._api(path[len("/api/models/"):], q)
-                if path.startswith("/cdn/"):
-                    return self._cdn(path[len("/cdn/"):])
-                parts = path.strip("/").split("/")
-                if len(parts) >= 5 and parts[2] == "resolve":
-                    return self._resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
-                self._error(404, "NotFound", f"no route for {path}")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+    # ------------------------------------------------------------ routes
 
-        def _search(self, q):
-            repos = list(server.repos.values())
-            for tag in q.get("filter", []):
-                repos = [r for r in repos if tag in r.tags]
-            if "search" in q:
-                s = q["search"][0].lower()
-                repos = [r for r in repos if s in r.id.lower()]
-            if "author" in q:
-                repos = [r for r in repos if r.id.split("/")[0] == q["author"][0]]
-            repos = [r for r in repos if not r.private]
-            sort = q.get("sort", [None])[0]
-            key = {"downloads": lambda r: r.downloads, "likes": lambda r: r.likes,
-                   "trendingScore": lambda r: r.trending,
-                   "createdAt": lambda r: r.created, "lastModified": lambda r: r.created}.get(sort)
-            if key:
-                repos.sort(key=key, reverse=True)
-            limit = int(q.get("limit", [1000])[0])
-            expand = q.get("expand", []) + q.get("expand[]", [])
-            self._json([r.search_dict(expand) for r in repos[:limit]])
+    def search(self, q):
+        """GET /api/models?search=&filter=&author=&sort=&limit=&expand="""
+        repos = list(self.hub.repos.values())
+        for tag in q.get("filter", []):
+            repos = [r for r in repos if tag in r.tags]
+        if "search" in q:
+            s = q["search"][0].lower()
+            repos = [r for r in repos if s in r.id.lower()]
+        if "author" in q:
+            repos = [r for r in repos if r.id.split("/")[0] == q["author"][0]]
+        repos = [r for r in repos if not r.private]
+        sort = q.get("sort", [None])[0]
+        key = {"downloads": lambda r: r.downloads, "likes": lambda r: r.likes,
+               "trendingScore": lambda r: r.trending,
+               "createdAt": lambda r: r.created, "lastModified": lambda r: r.created}.get(sort)
+        if key:
+            repos.sort(key=key, reverse=True)
+        limit = int(q.get("limit", [1000])[0])
+        expand = q.get("expand", []) + q.get("expand[]", [])
+        self._json([r.search_dict(expand) for r in repos[:limit]])
 
-        def _api(self, rest: str, q):
-            parts = rest.split("/")
-            if len(parts) < 2:
-                return self._error(404, "RepoNotFound", "Repository not found")
-            repo = self._repo("/".join(parts[:2]))
-            if repo is None:
+    def model_info(self, repo: FakeRepo, rev: str | None, q):
+        """GET /api/models/{repo}[/revision/{rev}][?blobs=true]"""
+        if rev is not None and rev not in ("main", repo.sha):
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        blobs = q.get("blobs", ["false"])[0].lower() == "true"
+        self._json(repo.model_dict(blobs=blobs))
+
+    def tree(self, repo: FakeRepo, rev: str, prefix: str, q):
+        """GET /api/models/{repo}/tree/{rev}[/{prefix}][?recursive=true]: the files under
+        `prefix`; without `recursive`, a folder below it is one "directory" entry."""
+        if rev not in ("main", repo.sha):
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        recursive = q.get("recursive", ["false"])[0].lower() == "true"
+        out, dirs = [], set()
+        for f in repo.files.values():
+            if prefix and not f.path.startswith(prefix + "/"):
+                continue
+            rel = f.path[len(prefix) + 1:] if prefix else f.path
+            if "/" in rel and not recursive:
+                d = (prefix + "/" if prefix else "") + rel.split("/")[0]
+                if d not in dirs:
+                    dirs.add(d)
+                    out.append({"type": "directory", "oid": "0" * 40, "size": 0, "path": d})
+                continue
+            out.append(repo.tree_entry(f))
+        self._json(out)
+
+    def paths_info(self, repo: FakeRepo):
+        """POST /api/models/{repo}/paths-info/{rev}: `paths` as a form or as JSON."""
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode()
+        if self.headers.get("Content-Type", "").startswith("application/json"):
+            paths = json.loads(body).get("paths", [])
+        else:
+            paths = parse_qs(body).get("paths", [])
+        self._json([repo.tree_entry(repo.files[p]) for p in paths if p in repo.files])
+
+    def resolve(self, repo_id: str, rev: str, fpath: str):
+        """HEAD/GET /{repo}/resolve/{rev}/{path}: an LFS file redirects to the CDN, a small one
+        is served here."""
+        repo = self._repo(repo_id, for_files=True)
+        if repo is None:
+            return
+        if rev not in ("main", repo.sha):
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        f = repo.files.get(fpath)
+        if f is None:
+            return self._error(404, "EntryNotFound", "Entry not found")
+        common = {"X-Repo-Commit": repo.sha, "Accept-Ranges": "bytes"}
+        if f.lfs:
+            location = f"{self.hub.cdn_url}/cdn/{quote(repo_id)}/{f.sha256}?file={quote(fpath)}"
+            return self._send(302, b"", {**common, "Location": location,
+                                         "ETag": f'"{f.oid}"', "X-Linked-Etag": f'"{f.sha256}"',
+                                         "X-Linked-Size": str(f.size)})
+        self._body(f, {**common, "ETag": f'"{f.oid}"'}, f'"{f.oid}"')
+
+    def cdn(self, rest: str):
+        """GET /cdn/{repo}/{sha256}: an LFS file's bytes, with the CDN's ETag."""
+        repo_id, _, sha = rest.rpartition("/")
+        repo = self.hub.repos.get(repo_id)
+        f = next((x for x in (repo.files.values() if repo else ()) if x.sha256 == sha), None)
+        if f is None:
+            return self._send(404, b"NoSuchKey", ctype="text/plain")
+        etag = self.hub.cdn_etag(f)
+        self._body(f, {"ETag": etag, "Accept-Ranges": "bytes"}, etag)
+
+    # ------------------------------------------------------------ file bodies
+
+    def _body(self, f: RepoFileData, headers: dict, etag: str):
+        """The file, or the part a Range asks for (when If-Range, if any, still matches)."""
+        start, end, status = 0, f.size, 200
+        rng = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
+        if rng and not self.hub.ignore_range and (if_range is None or if_range == etag):
+            spec = rng.strip().removeprefix("bytes=")
+            a, _, b = spec.partition("-")
+            start = int(a) if a else max(0, f.size - int(b))
+            end = min(f.size, int(b) + 1) if (a and b) else f.size
+            if start >= f.size:
+                return self._send(416, b"", {"Content-Range": f"bytes */{f.size}"})
+            status = 206
+            headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{f.size}"}
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self._stream(f, start, end)
+
+    def _stream(self, f: RepoFileData, start: int, end: int):
+        """Bytes [start, end) of the file, as the knobs say: throttled, paused, cut short,
+        corrupted."""
+        hub = self.hub
+        pause = hub.pause_at.get(f.path)
+        # Where this response's body stops short of its Content-Length, closing.
+        cut = min(end, hub.close_at.get(f.path, end), start + hub.close_every.get(f.path, end))
+        pos = start
+        step = 64 << 10
+        t0 = time.monotonic()
+        while pos < end:
+            if pause is not None and pos >= pause and not hub.release.is_set():
+                self.wfile.flush()
+                hub.paused.set()
+                hub.release.wait(60)
+                self.close_connection = True
+                return  # the client was killed meanwhile; or it sees a short body
+            if pos >= cut:
+                self.wfile.flush()
+                self.close_connection = True
                 return
-            tail = parts[2:]
-            if not tail or tail[0] == "revision":
-                if tail and len(tail) > 1 and tail[1] not in ("main", repo.sha):
-                    return self._error(404, "RevisionNotFound", "Invalid rev id")
-                blobs = q.get("blobs", ["false"])[0].lower() == "true"
-                return self._json(repo.model_dict(blobs=blobs))
-            if tail[0] == "tree" and len(tail) >= 2:
-                if tail[1] not in ("main", repo.sha):
-                    return self._error(404, "RevisionNotFound", "Invalid rev id")
-                prefix = "/".join(tail[2:])
-                recursive = q.get("recursive", ["false"])[0].lower() == "true"
-                out, dirs = [], set()
-                for f in repo.files.values():
-                    if prefix and not f.path.startswith(prefix + "/"):
-                        continue
-                    rel = f.path[len(prefix) + 1:] if prefix else f.path
-                    if "/" in rel and not recursive:
-                        d = (prefix + "/" if prefix else "") + rel.split("/")[0]
-                        if d not in dirs:
-                            dirs.add(d)
-                            out.append({"type": "directory", "oid": "0" * 40, "size": 0,
-                                        "path": d})
-                        continue
-                    out.append(repo.tree_entry(f))
-                return self._json(out)
-            if tail[0] == "paths-info" and self.command == "POST":
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode()
-                if self.headers.get("Content-Type", "").startswith("application/json"):
-                    paths = json.loads(body).get("paths", [])
-                else:
-                    paths = parse_qs(body).get("paths", [])
-                return self._json([repo.tree_entry(repo.files[p]) for p in paths
-                                   if p in repo.files])
-            self._error(404, "NotFound", "unknown API route")
+            n = min(step, cut - pos)  # cut <= end
+            if pause is not None and pos < pause:
+                n = min(n, pause - pos)
+            chunk = f.read(pos, pos + n)
+            if f.path in hub.corrupt and pos + n == f.size:  # the last byte flipped
+                chunk = chunk[:-1] + bytes([chunk[-1] ^ 0xFF])
+            self.wfile.write(chunk)
+            pos += n
+            with hub._lock:
+                hub.bytes_sent[f.path] = hub.bytes_sent.get(f.path, 0) + n
+                self.entry["sent"] += n
+            if hub.throttle:
+                ahead = (pos - start) / hub.throttle - (time.monotonic() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
 
-        def _resolve(self, repo_id: str, rev: str, fpath: str):
-            repo = self._repo(repo_id, for_files=True)
-            if repo is None:
-                return
-            if rev not in ("main", repo.sha):
-                return self._error(404, "RevisionNotFound", "Invalid rev id")
-            f = repo.files.get(fpath)
-            if f is None:
-                return self._error(404, "EntryNotFound", "Entry not found")
-            common = {"X-Repo-Commit": repo.sha, "Accept-Ranges": "bytes"}
-            if f.lfs:
-                location = f"{server.cdn_url}/cdn/{quote(repo_id)}/{f.sha256}?file={quote(fpath)}"
-                return self._send(302, b"", {**common, "Location": location,
-                                             "ETag": f'"{f.oid}"', "X-Linked-Etag": f'"{f.sha256}"',
-                                             "X-Linked-Size": str(f.size)})
-            self._body(f, {**common, "ETag": f'"{f.oid}"'}, f'"{f.oid}"')
 
-        def _cdn(self, rest: str):
-            repo_id, _, sha = rest.rpartition("/")
-            repo = server.repos.get(repo_id)
-            f = next((x for x in (repo.files.values() if repo else ()) if x.sha256 == sha), None)
-            if f is None:
-                return self._send(404, b"NoSuchKey", ctype="text/plain")
-            etag = server.cdn_etag(f)
-            self._body(f, {"ETag": etag, "Accept-Ranges": "bytes"}, etag)
-
-        def _body(self, f: RepoFileData, headers: dict, etag: str):
-            start, end, status = 0, f.size, 200
-            rng = self.headers.get("Range")
-            if_range = self.headers.get("If-Range")
-            if rng and not server.ignore_range and (if_range is None or if_range == etag):
-                spec = rng.strip().removeprefix("bytes=")
-                a, _, b = spec.partition("-")
-                start = int(a) if a else max(0, f.size - int(b))
-                end = min(f.size, int(b) + 1) if (a and b) else f.size
-                if start >= f.size:
-                    return self._send(416, b"", {"Content-Range": f"bytes */{f.size}"})
-                status = 206
-                headers = {**headers, "Content-Range": f"bytes {start}-{end - 1}/{f.size}"}
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(end - start))
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command == "HEAD":
-                return
-            pause = server.pause_at.get(f.path)
-            # Where this response's body stops short of its Content-Length, closing.
-            cut = min(end, server.close_at.get(f.path, end),
-                      start + server.close_every.get(f.path, end))
-            pos = start
-            step = 64 << 10
-            t0 = time.monotonic()
-            while pos < end:
-                if pause is not None and pos >= pause and not server.release.is_set():
-                    self.wfile.flush()
-                    server.paused.set()
-                    server.release.wait(60)
-                    self.close_connection = True
-                    return  # the client was killed meanwhile; or it sees a short body
-                if pos >= cut:
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                n = min(step, cut - pos)  # cut <= end
-                if pause is not None and pos < pause:
-                    n = min(n, pause - pos)
-                chunk = f.read(pos, pos + n)
-                if f.path in server.corrupt and pos + n == f.size:  # the last byte flipped
-                    chunk = chunk[:-1] + bytes([chunk[-1] ^ 0xFF])
-                self.wfile.write(chunk)
-                pos += n
-                with server._lock:
-                    server.bytes_sent[f.path] = server.bytes_sent.get(f.path, 0) + n
-                    self.entry["sent"] += n
-                if server.throttle:
-                    ahead = (pos - start) / server.throttle - (time.monotonic() - t0)
-                    if ahead > 0:
-                        time.sleep(ahead)
-
-    return Handler
+def _make_handler(server: HubServer) -> type[HubHandler]:
+    """The handler class for one of `server`'s listeners."""
+    return type("Handler", (HubHandler,), {"hub": server})
 
 
 # ----------------------------------------------------------------------------- fixture

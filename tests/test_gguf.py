@@ -197,6 +197,105 @@ def test_tensor_errors(tmp_path):
     assert "outside the file" in _error(good[:-40])
 
 
+def test_tensor_info_checks_name_the_tensor_and_the_problem(tmp_path):
+    """The tensor-info checks that keep hostile shapes out of numpy (as llama.cpp's
+    gguf_init_from_file_impl, and every dimension at least 1)."""
+    good = _small_file(tmp_path).read_bytes()
+    pos = _tensor_info_offset(good, b"b")  # b: n_dims=2, ne=(32, 1), type Q8_0, offset 32
+    ne0, ne1, type_pos, off_pos = pos + 4, pos + 12, pos + 4 + 16, pos + 4 + 16 + 4
+
+    def error(*patches):
+        data = bytearray(good)
+        for offset, fmt, value in patches:
+            struct.pack_into(fmt, data, offset, value)
+        return _error(bytes(data))
+
+    at = f"(at offset {pos - 9})"  # where b's entry starts: its name's length
+    assert error((ne0, "<Q", 0)) == \
+        f"<bytes>: tensor 'b': dimension 0 is 0 (every dimension must be at least 1) {at}"
+    # a zero dimension beside a huge one: 0 elements, so no overflow would show
+    assert "dimension 1 is 0" in error((ne0, "<Q", 1 << 62), (ne1, "<Q", 0))
+    assert error((ne1, "<Q", 1 << 63)) == \
+        f"<bytes>: tensor 'b': dimension 1 is {1 << 63}, more than int64 holds {at}"
+    assert error((ne1, "<Q", (1 << 63) - 1)) == (
+        f"<bytes>: tensor 'b': dimensions [32, {(1 << 63) - 1}] overflow int64 "
+        f"({32 * ((1 << 63) - 1)} elements) {at}")
+    # 2**62 F64 values fit int64 as a count, not as bytes
+    assert error((ne1, "<Q", 1 << 57), (type_pos, "<I", 28)) == (
+        f"<bytes>: tensor 'b': {1 << 62} elements of F64 take {1 << 65} bytes, more than int64 "
+        f"holds {at}")
+    assert error((pos, "<I", 5)) == f"<bytes>: tensor 'b' has 5 dimensions (at most 4) {at}"
+    assert error((off_pos, "<Q", 1 << 20)) == (
+        "<bytes>: tensor 'b': data offset 1048576 lies outside the file (past the 96 bytes of "
+        f"its data section) {at}")
+    assert error((off_pos, "<Q", 64)) == \
+        f"<bytes>: tensor 'b': data [{len(good) - 96 + 64}, {len(good) - 96 + 98}) lies " \
+        f"outside the file ({len(good)} bytes) {at}"
+
+
+def test_a_tensor_of_no_dimensions_is_one_value(tmp_path):
+    w = GGUFWriter(tmp_path / "s.gguf")
+    w.add_tensor("s", "F32", (), np.array(2.5, np.float32))
+    w.add_tensor("v", "F32", (1,), np.array([1.5], np.float32))
+    w.write()
+    data = (tmp_path / "s.gguf").read_bytes()
+    with GGUFFile.open(tmp_path / "s.gguf") as f:
+        s = f.tensors["s"]
+        assert (s.shape, s.n_elements, s.nbytes, s.row_length) == ((), 1, 4, 1)
+        assert s.rows.shape == (1, 4) and s.dequantize().shape == ()
+        assert float(s.dequantize()) == 2.5
+    # as ggml, its row is one value: no whole block of a quantized type
+    pos = _tensor_info_offset(data, b"s")
+    patched = bytearray(data)
+    struct.pack_into("<I", patched, pos + 4, 8)  # type Q8_0
+    assert "tensor 's': row length 1 is not a multiple of the Q8_0 block size 32" in \
+        _error(bytes(patched))
+    with pytest.raises(ValueError, match="rows of 1 values cannot hold Q8_0"):
+        GGUFWriter(tmp_path / "q.gguf").add_tensor_info("s", "Q8_0", ())
+
+
+def test_writer_refuses_shapes_the_reader_refuses(tmp_path):
+    w = GGUFWriter(tmp_path / "x.gguf")
+    for shape in [(0, 32), (4, 0), (1, 1, 1, 1, 32), (-1, 32)]:
+        with pytest.raises(ValueError, match=r"at most 4 dimensions, each at least 1"):
+            w.add_tensor_info("t", "F32", shape)
+
+
+def test_a_type_without_dequantizer_is_named_with_its_tensor(tmp_path):
+    w = GGUFWriter(tmp_path / "i.gguf")
+    w.add_tensor("ids", "I32", (2, 4), np.arange(8, dtype=np.int32))
+    w.write()
+    with GGUFFile.open(tmp_path / "i.gguf") as f:
+        t = f.tensors["ids"]
+        assert t.rows.view(np.int32).tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        with pytest.raises(GGUFError, match="tensor 'ids': tensor type 'I32' is a ggml type "
+                                            "llamatui cannot dequantize"):
+            t.dequantize()
+
+
+def test_arrays_of_arrays_of_different_types(tmp_path):
+    """Each inner array keeps its own type; the outer one declares none for them (one would
+    misdescribe the others), and a copy writes the same bytes."""
+    A = GGUFValueType.ARRAY
+    mixed = [np.array([1, 2], np.int32), ["a", "b"], [np.array([1.5], np.float32)]]
+    w = GGUFWriter(tmp_path / "m.gguf")
+    w.add("mixed", mixed)
+    w.add("depths", [[np.array([1], np.int32)], []])
+    w.add("same", [np.array([1], np.uint8), np.array([2, 3], np.uint8)])
+    w.write()
+    with GGUFFile.open(tmp_path / "m.gguf") as f:
+        assert f.metadata.types["mixed"] == ValueType(A, ValueType(A))
+        assert f.metadata.types["same"] == ValueType(A, ValueType(A, ValueType(
+            GGUFValueType.UINT8)))
+        got = f.metadata["mixed"]
+        assert got[0].dtype == np.int32 and got[0].tolist() == [1, 2]
+        assert got[1] == ["a", "b"] and got[2][0].dtype == np.float32
+        copy = GGUFWriter(tmp_path / "c.gguf")
+        copy.add_metadata(f.metadata)
+        copy.write()
+    assert filecmp.cmp(tmp_path / "m.gguf", tmp_path / "c.gguf", shallow=False)
+
+
 def test_writer_rejects_wrong_sizes(tmp_path):
     w = GGUFWriter(tmp_path / "x.gguf")
     with pytest.raises(ValueError, match="bytes"):
@@ -258,3 +357,27 @@ def test_inspect_json_holds_every_value_type(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "values.gguf")]) == 0  # the table shows them too
     table = capsys.readouterr().out
     assert "nested.deep" in table and "Infinity" in table
+
+
+def test_inspect_prints_arrays_of_arrays_of_different_types(tmp_path, capsys):
+    from llamatui.app.cli import main
+    w = GGUFWriter(tmp_path / "mixed.gguf")
+    w.add("mixed", [np.array([1, 2], np.int32), ["a", "b"], [np.array([1.5], np.float32)]])
+    w.add("mixed.depths", [[np.array([1], np.int32)], []])
+    w.add("mixed.long", [np.arange(10, dtype=np.uint8), ["x"] * 12, [np.array([7], np.int8)]])
+    w.write()
+    path = str(tmp_path / "mixed.gguf")
+
+    assert main(["inspect", "--json", path]) == 0
+    md = json.loads(capsys.readouterr().out)["metadata"]
+    assert md["mixed"] == [[1, 2], ["a", "b"], [[1.5]]]
+    assert md["mixed.depths"] == [[[1]], []]
+    assert md["mixed.long"] == [
+        {"array_of": "UINT8", "length": 10, "head": list(range(8))},
+        {"array_of": "STRING", "length": 12, "head": ["x"] * 8}, [[7]]]
+
+    assert main(["inspect", path]) == 0
+    table = capsys.readouterr().out
+    assert "[[1, 2], ['a', 'b'], [[1.5]]]" in table
+    assert "[[[1]], []]" in table
+    assert "[[10 × UINT8] [0, 1, 2, 3, 4, 5, 6, 7] …, [12 × STRING] ['x', " in table

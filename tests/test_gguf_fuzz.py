@@ -1,5 +1,6 @@
-"""Hostile GGUF headers: thousands of seeded mutations and truncations of the real models' headers.
-Every one either opens (and then every value and tensor can be read) or raises GGUFError."""
+"""Hostile GGUF headers: thousands of seeded mutations and truncations of the real models' headers,
+and of their tensor infos field by field. Every one either opens (and then every value and tensor
+can be read) or raises GGUFError."""
 import random
 import struct
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from llamatui.inference.gguf import GGUFError, GGUFFile, GGUFWriter
+from llamatui.inference.quants import SUPPORTED_TYPES, dequantize_rows
 
 EXTREMES_64 = [0, 1, 0xFF, 0xFFFF_FFFF, 1 << 31, 1 << 32, 1 << 62, (1 << 63) - 1, 1 << 63,
                (1 << 64) - 1]
@@ -59,8 +61,13 @@ def _exercise(f: GGUFFile) -> None:
         f.metadata[key]
     for t in f.tensors.values():
         assert t.data.nbytes == t.nbytes
-        if t.type in ("F32", "F16", "Q8_0", "Q4_1") and t.nbytes < 1 << 20:
-            t.dequantize()
+        assert t.rows.shape[0] * t.row_length == t.n_elements
+        if t.type in SUPPORTED_TYPES and t.nbytes < 1 << 20:
+            whole = t.dequantize()
+            assert whole.shape == t.shape
+            last = t.rows[-1:]  # a row picked as embedding lookups do
+            assert np.array_equal(dequantize_rows(t.type, last, t.row_length)[0],
+                                  whole.reshape(-1, t.row_length)[-1], equal_nan=True)
 
 
 @pytest.mark.parametrize("model, n_mutations, seed", [("smollm2", 1800, 1234), ("gemma3", 250, 99)])
@@ -86,6 +93,64 @@ def test_mutated_headers_open_or_raise_gguf_error(model, n_mutations, seed, smol
     print(model, outcomes)
     # Both outcomes occur, so the mutations reach past the magic check and into real parsing.
     assert outcomes["opened"] > n_mutations // 20 and outcomes["rejected"] > n_mutations // 4
+
+
+def _tensor_info_fields(data: bytes, names: list[str]) -> list[tuple[str, int, str]]:
+    """(field, position, struct format) of every field of the named tensors' infos: n_dims, each
+    dimension, the type and the offset."""
+    fields = []
+    for name in names:
+        pos = data.rindex(struct.pack("<Q", len(name.encode())) + name.encode()) + 8 + len(name)
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        fields.append(("n_dims", pos, "<I"))
+        fields += [("dim", pos + 4 + 8 * d, "<Q") for d in range(n_dims)]
+        fields += [("type", pos + 4 + 8 * n_dims, "<I"), ("offset", pos + 8 + 8 * n_dims, "<Q")]
+    return fields
+
+
+# per field, what it is set to: zero, huge, overflowing, "negative" as int64; ranks past 4;
+# unknown, unsupported and other types; offsets misaligned, past the end, wrapping around
+FIELD_VALUES = {
+    "n_dims": [0, 1, 2, 3, 4, 5, 8, 64, 1 << 16, 0xFFFF_FFFF],
+    "dim": [0, 1, 2, 31, 33, 255, 1 << 31, 1 << 32, 1 << 61, 1 << 62, (1 << 63) - 1, 1 << 63,
+            (1 << 64) - 1, 3074457345618258603],
+    "type": [0, 1, 2, 3, 4, 5, 8, 9, 12, 14, 16, 26, 28, 31, 36, 39, 40, 41, 42, 0xFFFF_FFFF],
+    "offset": [0, 1, 16, 32, 1 << 20, 1 << 32, (1 << 63) - 32, 1 << 63, (1 << 64) - 32,
+               (1 << 64) - 1],
+}
+
+
+@pytest.mark.parametrize("model, n_mutations, seed", [("smollm2", 1500, 5), ("gemma3", 300, 6)])
+def test_mutated_tensor_infos_open_or_raise_gguf_error(model, n_mutations, seed, smollm2_path,
+                                                       gemma3_path, tmp_path):
+    """One to three fields of the real tensor infos set to extremes: the file opens and every
+    tensor reads, rows and dequantizes as its shape says, or the reader names the problem."""
+    path = {"smollm2": smollm2_path, "gemma3": gemma3_path}[model]
+    data, _ = _corpus(path, tmp_path, n_tensors=6)
+    with GGUFFile.from_bytes(data) as f:
+        fields = _tensor_info_fields(data, list(f.tensors))
+    rng = random.Random(seed)
+    outcomes = {"opened": 0, "rejected": 0}
+    for i in range(n_mutations):
+        buf = bytearray(data)
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            kind, pos, fmt = rng.choice(fields)
+            struct.pack_into(fmt, buf, pos, rng.choice(FIELD_VALUES[kind]))
+        try:
+            f = GGUFFile.from_bytes(bytes(buf), name=f"mutation {i}")
+        except GGUFError as e:
+            assert str(e).startswith(f"mutation {i}: ")
+            outcomes["rejected"] += 1
+            continue
+        except Exception as e:  # noqa: BLE001 - any other exception is the bug we look for
+            pytest.fail(f"mutation {i} (seed {seed}) raised {type(e).__name__}: {e}")
+        try:
+            _exercise(f)
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"mutation {i} (seed {seed}) opened, then raised {type(e).__name__}: {e}")
+        outcomes["opened"] += 1
+    print(model, outcomes)
+    assert outcomes["opened"] > n_mutations // 20 and outcomes["rejected"] > n_mutations // 2
 
 
 def test_mutated_split_shards_open_or_raise_gguf_error(smollm2_path, tmp_path):

@@ -24,7 +24,7 @@ def add_arguments(p):
 def describe(path) -> dict:
     """Everything `inspect` shows, as plain JSON-able data. A split model's first shard
     describes the whole model (all shards' tensors; metadata from the first, as llama.cpp)."""
-    from llamatui.inference.gguf import GGUFFile  # numba: loaded only when a command needs it
+    from llamatui.inference import GGUFFile  # numba: loaded only when a command needs it
     with GGUFFile.open(path) as f:
         metadata = {key: _summarize(f.metadata[key], f.metadata.types[key])
                     for key in f.metadata}
@@ -55,15 +55,40 @@ def describe(path) -> dict:
 def _summarize(value, vtype):
     """A metadata value as JSON: arrays (nested to any depth) as lists, a long one as its first
     elements and length; numpy scalars as numbers; NaN and infinities, which JSON cannot hold,
-    as the strings "NaN", "Infinity", "-Infinity"; undecodable string bytes as U+FFFD."""
-    from llamatui.inference.gguf import GGUFValueType
-    if vtype.type != GGUFValueType.ARRAY:
+    as the strings "NaN", "Infinity", "-Infinity"; undecodable string bytes as U+FFFD.
+    `vtype` None: an inner array of an array of arrays whose inner arrays differ in type (the
+    file declares no element type for those), summarized by what it holds."""
+    from llamatui.inference import GGUFValueType
+    if vtype is None:
+        if not (isinstance(value, list) or getattr(value, "ndim", 0)):
+            return _json_scalar(value)
+    elif vtype.type != GGUFValueType.ARRAY:
         return _json_scalar(value)
+    element = vtype.element if vtype is not None else None
     items = value.tolist() if hasattr(value, "tolist") else value
-    head = [_summarize(v, vtype.element) for v in items[:ARRAY_HEAD]]
+    head = [_summarize(v, element) for v in items[:ARRAY_HEAD]]
     if len(items) <= ARRAY_HEAD:
         return head
-    return {"array_of": vtype.element.type.name, "length": len(items), "head": head}
+    return {"array_of": _element_name(element, value), "length": len(items), "head": head}
+
+
+def _element_name(element, value) -> str:
+    """The GGUF type name of an array's elements, from the declared type or else the value."""
+    if element is not None:
+        return element.type.name
+    if hasattr(value, "dtype"):  # numpy's names, upper-cased, are GGUF's: INT32, FLOAT32, BOOL
+        return value.dtype.name.upper()
+    return "STRING" if all(isinstance(v, str) for v in value) else "ARRAY"
+
+
+def _text(value) -> str:
+    """A summarized value as the table shows it: strings quoted, a long array as
+    [length × type] and its first elements, at any depth."""
+    if isinstance(value, dict):
+        return f"[{value['length']} × {value['array_of']}] {_text(value['head'])} …"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_text, value)) + "]"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _json_scalar(value):
@@ -102,10 +127,7 @@ def run(args):
                              + ", ".join(os.path.basename(p) for p in info["shards"])))
     meta = Table("key", "value", title="Metadata", title_justify="left", show_edge=False)
     for key, value in info["metadata"].items():
-        if isinstance(value, dict):
-            shown = f"[{value['length']} × {value['array_of']}] {value['head']} …"
-        else:
-            shown = repr(value) if isinstance(value, str) else str(value)
+        shown = _text(value)
         if key == "tokenizer.chat_template" and len(shown) > 120:
             shown = shown[:117] + "…"
         meta.add_row(escape(key), escape(shown))  # values are data, not Rich markup

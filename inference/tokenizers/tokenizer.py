@@ -20,6 +20,7 @@ import codecs
 import re
 from array import array
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -173,69 +174,109 @@ def _charsmap(meta: Meta) -> bytes | None:
     return None if values is None else (values & 0xFF).astype(np.uint8).tobytes()
 
 
+class _TypeDefaults(NamedTuple):
+    """What llama.cpp assumes for a vocabulary type (and BPE pre-tokenizer) when the metadata
+    does not say otherwise."""
+    special_ids: dict[str, int]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    clean_spaces: bool
+    pre: str  # the pre-tokenizer in effect
+    pre_cfg: object | None  # its configuration (BPE only)
+
+
+def _type_defaults(vocab_type: str, model: str, pre: str) -> _TypeDefaults:
+    """llama.cpp's defaults per vocabulary type (llama_vocab::impl::load); an unknown BPE
+    pre-tokenizer is an error."""
+    if vocab_type == "spm":
+        return _TypeDefaults({"bos": 1, "eos": 2, "unk": 0}, True, False, True, False, pre, None)
+    if vocab_type == "wpm":
+        return _TypeDefaults({"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}, True,
+                             False, False, True, pre, None)
+    if vocab_type == "ugm":
+        return _TypeDefaults({"eos": 1, "unk": 2, "pad": 0}, False, True, False, False, pre, None)
+    defaults = {}
+    if model == "gemma4":
+        pre = "gemma4"  # llama.cpp ignores the key for this model
+    else:
+        defaults = {"bos": 11, "eos": 11}
+    pre_cfg = PRE_TOKENIZERS.get(pre)
+    if pre_cfg is None:
+        raise ModelMetadataError(
+            f"unknown pre-tokenizer type: {pre!r} ({_KEY}pre; known: "
+            f"{', '.join(sorted(k for k in PRE_TOKENIZERS if k))})")
+    if pre_cfg.no_bos:
+        defaults.pop("bos", None)
+    return _TypeDefaults(defaults, pre_cfg.add_bos, False, False, pre_cfg.clean_spaces, pre,
+                         pre_cfg)
+
+
+def _spm_byte_ids(vocab: Vocab) -> list[int | None]:
+    """The token of each byte value: `<0xAB>`, or else the byte itself as a one-character
+    token (bytes above 0x7F as the surrogate escapes the reader gives undecodable bytes)."""
+    byte_ids: list[int | None] = []
+    for b in range(256):
+        tid = vocab.get(f"<0x{b:02X}>")
+        if tid is None:
+            tid = vocab.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
+        byte_ids.append(tid)
+    return byte_ids
+
+
 class Tokenizer:
     """A GGUF vocabulary with llama.cpp's tokenize / detokenize behaviour."""
 
     def __init__(self, metadata: Mapping):
         """Every tokenizer.ggml.* value is checked for type and range as it is read: a broken
-        one raises ModelMetadataError naming the key, the value and what was expected."""
+        one raises ModelMetadataError naming the key, the value and what was expected. (The
+        keys are read in llama.cpp's order, so the first broken one is the one named.)"""
         meta = Meta(metadata, "")
         self.vocab_type: str = _vocab_type(meta)
         self.model: str = meta.str(_KEY + "model")
-        self.pre: str = meta.str(_KEY + "pre", "")
-
-        defaults: dict[str, int] = {}  # llama.cpp's special ids per vocabulary type
-        clean_spaces = False
-        add_bos = add_eos = add_space_prefix = False
-        pre_cfg = None
-        if self.vocab_type == "spm":
-            defaults = {"bos": 1, "eos": 2, "unk": 0}
-            add_space_prefix, add_bos = True, True
-        elif self.vocab_type == "bpe":
-            if self.model == "gemma4":
-                self.pre = "gemma4"  # llama.cpp ignores the key for this model
-            else:
-                defaults = {"bos": 11, "eos": 11}
-            pre_cfg = PRE_TOKENIZERS.get(self.pre)
-            if pre_cfg is None:
-                raise ModelMetadataError(
-                    f"unknown pre-tokenizer type: {self.pre!r} ({_KEY}pre; known: "
-                    f"{', '.join(sorted(k for k in PRE_TOKENIZERS if k))})")
-            clean_spaces = pre_cfg.clean_spaces
-            add_bos = pre_cfg.add_bos
-            if pre_cfg.no_bos:
-                defaults.pop("bos", None)
-        elif self.vocab_type == "wpm":
-            defaults = {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
-            clean_spaces, add_bos = True, True
-        else:
-            defaults = {"eos": 1, "unk": 2, "pad": 0}
-            add_eos = True
-        self.add_space_prefix: bool = meta.bool(_KEY + "add_space_prefix", add_space_prefix)
-        self.clean_spaces: bool = clean_spaces
+        defaults = _type_defaults(self.vocab_type, self.model, meta.str(_KEY + "pre", ""))
+        self.pre: str = defaults.pre
+        self.add_space_prefix: bool = meta.bool(_KEY + "add_space_prefix",
+                                                defaults.add_space_prefix)
+        self.clean_spaces: bool = defaults.clean_spaces
         # SentencePiece-style BPE (Gemma 4) escapes spaces as U+2581 like SPM does
+        pre_cfg = defaults.pre_cfg
         self.escape_whitespaces: bool = pre_cfg is not None and pre_cfg.escape_whitespaces
 
-        # --- the vocabulary
+        attr_np = self._load_tokens(meta)
+        # special token ids: defaults, then metadata (ignored when out of range)
+        ids = _special_ids(meta, defaults.special_ids, self.n_vocab)
+        self._set_add_bos_eos(meta, ids, defaults)
+        self._detect_special(ids)
+        self._ids = ids
+        self._cache_special_tokens(attr_np)
+        self._set_strip_attrs(meta)
+        self._partitioners: dict[bool, SpecialPartitioner] = {}  # by parse_special, built on use
+        self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
+        self._build_model(meta, pre_cfg, attr_np)
+        self._nl_id: int | None = None
+
+    def _load_tokens(self, meta: Meta) -> np.ndarray:
+        """The vocabulary, its scores and its attributes (returned as an array as well)."""
         self._vocab = vocab = _load_vocab(meta)
         n = len(vocab)
         self.n_vocab: int = n
-
         # llama.cpp reads the first n scores (NaN would make the merging order meaningless)
         scores = meta.numbers(_KEY + "scores", None, min_len=n)
         # array('f'): a Python float per token would take 8 MiB for Gemma 3
         self._scores = array("f", scores[:n].tobytes() if scores is not None else bytes(4 * n))
-
         attr_np = _token_attrs(meta, n)
         self._attr = array("q", attr_np.astype(np.int64).tobytes())
         self._touched: set[int] = set()  # ids whose attributes the heuristics below changed
         self._control_ids: list[int] = np.nonzero(attr_np & ATTR_CONTROL)[0].tolist()
+        return attr_np
 
-        # --- special token ids: defaults, then metadata (ignored when out of range)
-        ids = _special_ids(meta, defaults, n)
-        add_bos = meta.bool(_KEY + "add_bos_token", add_bos)
-        add_eos = meta.bool(_KEY + "add_eos_token", add_eos)
-        if pre_cfg is not None and pre_cfg.force_bos:
+    def _set_add_bos_eos(self, meta: Meta, ids: dict, defaults: _TypeDefaults) -> None:
+        """add_bos / add_eos from the metadata or the defaults; adding a token the vocabulary
+        lacks is an error."""
+        add_bos = meta.bool(_KEY + "add_bos_token", defaults.add_bos)
+        add_eos = meta.bool(_KEY + "add_eos_token", defaults.add_eos)
+        if defaults.pre_cfg is not None and defaults.pre_cfg.force_bos:
             add_bos = True  # llama.cpp's Gemma 4 workaround
         self.add_bos: bool = add_bos
         self.add_eos: bool = add_eos
@@ -243,44 +284,37 @@ class Tokenizer:
             if flag and ids[name] is None:
                 raise ModelMetadataError(
                     f"{_KEY}add_{name}_token is true, but the vocabulary has no {name.upper()} "
-                    f"token ({_KEY}{name}_token_id is absent or outside its {n} tokens)")
+                    f"token ({_KEY}{name}_token_id is absent or outside its "
+                    f"{self.n_vocab} tokens)")
 
-        self._detect_special(ids)
-        self._ids = ids
-
-        # --- special tokens cache: longest text (in bytes) first
+    def _cache_special_tokens(self, attr_np: np.ndarray) -> None:
+        """The special tokens (by their attributes after _detect_special), longest text in
+        bytes first, as tokenize cuts them out of the text in that order."""
+        vocab = self._vocab
         candidates = set(np.nonzero(attr_np & _SPECIAL_ATTRS)[0].tolist()) | self._touched
         special = sorted(i for i in candidates if self._attr[i] & _SPECIAL_ATTRS)
         special.sort(key=lambda i: -len(_raw_bytes(vocab.text(i))))
         self._special_ids: list[int] = special
         self._special_texts: list[str] = [vocab.text(i) for i in special]
-        self._set_strip_attrs(meta)
-        self._partitioners: dict[bool, SpecialPartitioner] = {}  # by parse_special, built on use
 
-        self._pieces: dict[int, bytes] = {}  # filled as tokens are detokenized
-
+    def _build_model(self, meta: Meta, pre_cfg, attr_np: np.ndarray) -> None:
+        """The vocabulary type's tokenizer model, with the keys only it reads."""
+        vocab, unk = self._vocab, self._ids["unk"]
         self._bpe = self._spm = self._wpm = self._ugm = None
         if self.vocab_type == "bpe":
             self._bpe = BPEModel(vocab, meta.strings(_KEY + "merges"), pre_cfg)
         elif self.vocab_type == "spm":
-            byte_ids: list[int | None] = []
-            for b in range(256):
-                tid = vocab.get(f"<0x{b:02X}>")
-                if tid is None:
-                    tid = vocab.get(chr(b) if b < 0x80 else chr(0xDC00 + b))
-                byte_ids.append(tid)
-            self._byte_ids = byte_ids
-            self._spm = SPMModel(vocab, self._scores, byte_ids, ids["unk"])
+            self._byte_ids = _spm_byte_ids(vocab)
+            self._spm = SPMModel(vocab, self._scores, self._byte_ids, unk)
         elif self.vocab_type == "wpm":
             lowercase = meta.bool(_KEY + "normalizer.lowercase", True)
-            self._wpm = WPMModel(vocab, ids["unk"], lowercase,
+            self._wpm = WPMModel(vocab, unk, lowercase,
                                  meta.bool(_KEY + "normalizer.strip_accents", lowercase))
         else:
             charsmap = _charsmap(meta)
             merge_spaces = meta.bool(_KEY + "remove_extra_whitespaces", False)
-            self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, ids["unk"], charsmap,
+            self._ugm = UGMModel(vocab, self._scores, attr_np, self._attr, unk, charsmap,
                                  self.add_space_prefix, merge_spaces)
-        self._nl_id: int | None = None
 
     # ------------------------------------------------------------------ construction
 
