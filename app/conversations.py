@@ -13,7 +13,6 @@ This module knows nothing of the UI (no textual import): the app, the server and
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import re
@@ -24,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 import platformdirs
 
-from llamatui.inference.chat.builtin_templates import CHAT_TEMPLATE_NAMES
+from llamatui.inference import CHAT_TEMPLATE_NAMES, SAMPLING_LIMITS, Limit, SamplingParams
 
 DB_NAME = "conversations.sqlite3"
 
@@ -56,19 +55,38 @@ class SettingsError(ValueError):
         self.errors = errors
 
 
+# The engine's sampling defaults (SamplingParams: llama.cpp's), which a new chat starts from.
+_ENGINE_DEFAULTS = SamplingParams()
+
+# The values each numeric setting takes: the engine's limits for sampling (SAMPLING_LIMITS),
+# narrowed where a chat has no use for the rest (a negative temperature or top-k means what 0
+# means; a temperature of 80 is a typo), and the context size, which is the app's to bound.
+SETTING_LIMITS = {
+    "temperature": SAMPLING_LIMITS["temperature"].narrowed(low=0.0, high=10.0),
+    "top_k": SAMPLING_LIMITS["top_k"].narrowed(low=0),
+    "top_p": SAMPLING_LIMITS["top_p"],
+    "min_p": SAMPLING_LIMITS["min_p"],
+    "repeat_penalty": SAMPLING_LIMITS["repeat_penalty"].narrowed(high=10.0),
+    "max_tokens": SAMPLING_LIMITS["max_tokens"].narrowed(high=1 << 20),
+    "seed": SAMPLING_LIMITS["seed"].narrowed(high=2**63 - 1),
+    "n_ctx": Limit(64, 1 << 20, integer=True),
+}
+OPTIONAL_SETTINGS = {"max_tokens", "seed"}  # None: until the model stops, a random seed
+
+
 @dataclass(frozen=True)
 class ChatSettings:
-    """A chat's system prompt, sampling options and context size. Sampling defaults are
-    llama.cpp's; max_tokens None = until the model ends its turn; seed None = random."""
+    """A chat's system prompt, sampling options and context size. Sampling starts from the
+    engine's defaults; max_tokens None = until the model ends its turn; seed None = random."""
 
     system_prompt: str = ""
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    max_tokens: int | None = None
-    seed: int | None = None
+    temperature: float = _ENGINE_DEFAULTS.temperature
+    top_k: int = _ENGINE_DEFAULTS.top_k
+    top_p: float = _ENGINE_DEFAULTS.top_p
+    min_p: float = _ENGINE_DEFAULTS.min_p
+    repeat_penalty: float = _ENGINE_DEFAULTS.repeat_penalty
+    max_tokens: int | None = _ENGINE_DEFAULTS.max_tokens
+    seed: int | None = _ENGINE_DEFAULTS.seed
     n_ctx: int = 4096
     chat_template: str = ""  # a built-in template's name; "" = the model's own
     # the reply's format: "" = free text, "json" = any JSON object, else a JSON schema file
@@ -96,38 +114,17 @@ class ChatSettings:
             raise SettingsError(errors)
 
     def problems(self) -> dict[str, str]:
+        """{field: what is wrong with it} for every invalid field; {} when all are valid."""
         e: dict[str, str] = {}
-
-        def real(name, lo=None, hi=None, lo_open=False):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                e[name] = "must be a number"
-            elif lo is not None and (v <= lo if lo_open else v < lo):
-                e[name] = f"must be {'above' if lo_open else 'at least'} {lo}"
-            elif hi is not None and v > hi:
-                e[name] = f"must be at most {hi}"
-
-        def integer(name, lo, hi=None, optional=False):
-            v = getattr(self, name)
-            if v is None and optional:
-                return
-            if isinstance(v, bool) or not isinstance(v, int):
-                e[name] = "must be a whole number"
-            elif v < lo:
-                e[name] = f"must be at least {lo}"
-            elif hi is not None and v > hi:
-                e[name] = f"must be at most {hi}"
-
         if not isinstance(self.system_prompt, str):
             e["system_prompt"] = "must be text"
-        real("temperature", 0.0, 10.0)
-        integer("top_k", 0)
-        real("top_p", 0.0, 1.0)
-        real("min_p", 0.0, 1.0)
-        real("repeat_penalty", 0.0, 10.0, lo_open=True)
-        integer("max_tokens", 1, 1 << 20, optional=True)
-        integer("seed", 0, 2**63 - 1, optional=True)
-        integer("n_ctx", 64, 1 << 20)
+        for name, limit in SETTING_LIMITS.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_SETTINGS:
+                continue
+            problem = limit.problem(value)
+            if problem is not None:
+                e[name] = problem
         if not isinstance(self.chat_template, str):
             e["chat_template"] = "must be text"
         elif self.chat_template and self.chat_template not in CHAT_TEMPLATE_NAMES:
@@ -224,7 +221,7 @@ class ChatSettings:
         if not self.json_output:
             return {}
         if self.json_output == "json":
-            from llamatui.inference import ConstraintSpec  # numba's kernels: not at import
+            from llamatui.inference import ConstraintSpec
             return {"constraint": ConstraintSpec("json_object")}
         path = pathlib.Path(self.json_output).expanduser()
         try:

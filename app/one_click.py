@@ -120,7 +120,7 @@ def output_name(source_name: str, quant: str) -> str:
 
 def _predicted(header, quant: str) -> tuple[int, frozenset[str]]:
     """(tensor bytes after quantizing, the matrices' types) by quantizer.model's own choice."""
-    from llamatui.inference.catalog import GGML_TYPES
+    from llamatui.inference import GGML_TYPES
     from llamatui.quantizer.model import ModelFacts, plan_tensor_types, tensor_specs
     plans = plan_tensor_types(tensor_specs(header), ModelFacts.from_metadata(header.metadata),
                               quant)
@@ -199,86 +199,115 @@ def fetch_and_quantize(ref: str | hub.ModelRef, target_type: str | None = None,
     models.download.stage_progress gives), then "Quantizing to TYPE" (bytes written, after
     each tensor). Cancelling raises DownloadCancelled (partial download kept) or
     QuantizeCancelled (no output; the source kept)."""
-    from llamatui.inference.gguf import GGUFFile
-    from llamatui.quantizer.model import parse_ftype
-
     t0 = time.perf_counter()
     report = _report(progress)
-    ref = hub.parse_ref(ref) if isinstance(ref, str) else ref
-    store = pathlib.Path(store) if store else store_dir()
-    listing = hub.list_files(ref, store=store, offline_fallback=True)
-    group = _source_group(listing, ref)
-    if group.split:
-        raise StoreError(f"{ref.repo}: {group.quant} is split in {len(group.files)} files; "
-                         "quantizing split models is not supported yet")
-    src_file = group.first
-    src_target = hub_target(ref.repo, src_file.path, store)
-    have_source = src_target.is_file()
-
-    folder_in_repo = src_file.path.rpartition("/")[0]
-    origin = {"repo": ref.repo, "file": src_file.path, "revision": listing.revision,
-              "sha256": src_file.sha256, "type": group.quant}
-
-    def out_path(quant: str) -> pathlib.Path:
-        name = output_name(src_file.name, quant)
-        if listing.file(f"{folder_in_repo}/{name}" if folder_in_repo else name) is not None:
-            name = name.removesuffix(".gguf") + "-local.gguf"  # never shadow a repo's file
-        return src_target.with_name(name)
-
-    def made_before(quant: str) -> bool:
-        path = out_path(quant)
-        side = read_sidecar(path) if path.is_file() else {}
-        return side.get("quant") == quant and \
-            side.get("quantized_from", {}).get("sha256") == src_file.sha256
-
-    # Made by an earlier run from the same source: nothing to do.
-    wanted = [parse_ftype(target_type).name] if target_type else list(AUTO_CANDIDATES)
-    earlier = next((q for q in wanted if made_before(q)), None)
+    source = _Source.find(ref, pathlib.Path(store) if store else store_dir())
+    earlier = source.made_earlier(target_type)
     if earlier is not None:
-        side = read_sidecar(out_path(earlier))
-        return OneClickResult(out_path(earlier), earlier,
-                              side.get("reason") or f"{earlier}: made earlier", ref.repo,
-                              src_file.path, group.quant,
-                              src_target if src_target.is_file() else None,
-                              already_present=True, seconds=time.perf_counter() - t0)
-
-    # The target type, from the source's header (local, else fetched by Range request).
-    if have_source:
-        with GGUFFile.open(src_target) as g:
-            choice = choose_target(g, src_target.stat().st_size, hw, n_ctx, target_type)
-    else:
-        header = hub.fetch_header(ref.repo, src_file.path, listing.revision)
-        choice = choose_target(header, src_file.size or 0, hw, n_ctx, target_type)
-    quant = choice.quant
-    out = out_path(quant)
-
-    def result(qr, src_path) -> OneClickResult:
-        return OneClickResult(out, quant, choice.reason, ref.repo, src_file.path, group.quant,
-                              src_path, choice.fit, qr, False, time.perf_counter() - t0)
-
-    # Disk: the source (what is left of it) and the output, both at once.
-    pending = 0 if have_source else (src_file.size or 0)
-    needed = pending + (choice.predicted_bytes or 0) + DISK_MARGIN
-    free = free_bytes(src_target.parent)
-    if free < needed:
-        raise StoreError(f"not enough disk space in {store}: {needed / 1e6:.0f} MB needed for "
-                         f"the {group.quant} download and the {quant} file, "
-                         f"{free / 1e6:.0f} MB free")
-
-    pulled = pull(hub.ModelRef(ref.repo, filename=src_file.path, revision=ref.revision),
-                  store=store, progress=stage_progress(report), cancel=cancel)
-    src_path = pulled.path
-
-    with writing_to(store, f"quantize {src_file.name} to {quant}"):
-        qr = _quantize_locked(src_path, out, quant, origin, choice, report, cancel)
-        kept: pathlib.Path | None = src_path
+        earlier.seconds = time.perf_counter() - t0
+        return earlier
+    choice = source.choose_target(hw, n_ctx, target_type)
+    quant, out = choice.quant, source.out_path(choice.quant)
+    source.check_disk(choice)
+    pulled = pull(hub.ModelRef(source.ref.repo, filename=source.file.path,
+                               revision=source.ref.revision),
+                  store=source.store, progress=stage_progress(report), cancel=cancel)
+    with writing_to(source.store, f"quantize {source.file.name} to {quant}"):
+        qr = _quantize_locked(pulled.path, out, quant, source.origin, choice, report, cancel)
+        kept: pathlib.Path | None = pulled.path
         if not keep_source:
-            for f in pulled.files:
-                f.unlink(missing_ok=True)
-                sidecar_path(f).unlink(missing_ok=True)
-                f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
+            _delete_download(pulled.files)
             kept = None
-    return result(qr, kept)
+    return OneClickResult(out, quant, choice.reason, source.ref.repo, source.file.path,
+                          source.group.quant, kept, choice.fit, qr, False,
+                          time.perf_counter() - t0)
+
+
+@dataclass
+class _Source:
+    """The unquantized file of a repository that fetch_and_quantize starts from, and where it
+    and its quantizations go in the store."""
+    ref: hub.ModelRef
+    store: pathlib.Path
+    listing: hub.RepoListing
+    group: hub.QuantGroup
+    target: pathlib.Path  # where the source is, or will be, in the store
+    have_source: bool  # whether it was there already when the run began
+
+    @classmethod
+    def find(cls, ref: str | hub.ModelRef, store: pathlib.Path) -> _Source:
+        ref = hub.parse_ref(ref) if isinstance(ref, str) else ref
+        listing = hub.list_files(ref, store=store, offline_fallback=True)
+        group = _source_group(listing, ref)
+        if group.split:
+            raise StoreError(f"{ref.repo}: {group.quant} is split in {len(group.files)} files; "
+                             "quantizing split models is not supported yet")
+        target = hub_target(ref.repo, group.first.path, store)
+        return cls(ref, store, listing, group, target, target.is_file())
+
+    @property
+    def file(self) -> hub.RemoteFile:
+        return self.group.first
+
+    @property
+    def origin(self) -> dict:
+        """What the quantization's sidecar records of its source."""
+        return {"repo": self.ref.repo, "file": self.file.path,
+                "revision": self.listing.revision, "sha256": self.file.sha256,
+                "type": self.group.quant}
+
+    def out_path(self, quant: str) -> pathlib.Path:
+        """The quantization's file, beside the source: never the name of a file of the
+        repository, which a pull would then shadow."""
+        name = output_name(self.file.name, quant)
+        folder = self.file.path.rpartition("/")[0]
+        if self.listing.file(f"{folder}/{name}" if folder else name) is not None:
+            name = name.removesuffix(".gguf") + "-local.gguf"
+        return self.target.with_name(name)
+
+    def made_earlier(self, target_type: str | None) -> OneClickResult | None:
+        """The quantization an earlier run made from this same source, if there is one."""
+        from llamatui.quantizer.model import parse_ftype
+        wanted = [parse_ftype(target_type).name] if target_type else list(AUTO_CANDIDATES)
+        for quant in wanted:
+            path = self.out_path(quant)
+            side = read_sidecar(path) if path.is_file() else {}
+            if side.get("quant") == quant and \
+                    side.get("quantized_from", {}).get("sha256") == self.file.sha256:
+                return OneClickResult(path, quant, side.get("reason") or f"{quant}: made earlier",
+                                      self.ref.repo, self.file.path, self.group.quant,
+                                      self.target if self.target.is_file() else None,
+                                      already_present=True)
+        return None
+
+    def choose_target(self, hw, n_ctx: int, target_type: str | None) -> Choice:
+        """choose_target from the source's header: the local file's, else fetched by a Range
+        request."""
+        from llamatui.inference import GGUFFile
+        if self.have_source:
+            with GGUFFile.open(self.target) as g:
+                return choose_target(g, self.target.stat().st_size, hw, n_ctx, target_type)
+        header = hub.fetch_header(self.ref.repo, self.file.path, self.listing.revision)
+        return choose_target(header, self.file.size or 0, hw, n_ctx, target_type)
+
+    def check_disk(self, choice: Choice) -> None:
+        """StoreError unless the source (what is left to download of it) and the output fit on
+        the disk at once."""
+        pending = 0 if self.have_source else (self.file.size or 0)
+        needed = pending + (choice.predicted_bytes or 0) + DISK_MARGIN
+        free = free_bytes(self.target.parent)
+        if free < needed:
+            raise StoreError(f"not enough disk space in {self.store}: {needed / 1e6:.0f} MB "
+                             f"needed for the {self.group.quant} download and the "
+                             f"{choice.quant} file, {free / 1e6:.0f} MB free")
+
+
+def _delete_download(files: list[pathlib.Path]) -> None:
+    """Removes a pulled source: its files, their sidecars and their lock files."""
+    for f in files:
+        f.unlink(missing_ok=True)
+        sidecar_path(f).unlink(missing_ok=True)
+        f.with_name(f".{f.name}.lock").unlink(missing_ok=True)
 
 
 def _quantize_locked(src_path: pathlib.Path, out: pathlib.Path, quant: str, origin: dict,

@@ -25,9 +25,11 @@ Each step follows `src/llama-sampling.cpp`:
 Every filter keeps at least one token and at least `min_keep`. The RNG is numpy's PCG64, not
 llama.cpp's mt19937, so a seed gives a reproducible sequence here but not llama.cpp's sequence.
 
-Speed: with top-k on, one numba pass over the logits (a k-element heap) finds the candidates, so a
-step over a 262144-token vocabulary costs a fraction of a millisecond; all later steps work on those
-k candidates only.
+Speed: with top-k on, one numba pass over the logits (a k-element heap) finds the candidates, and
+every later step works on those k candidates only, however large the vocabulary.
+
+`SamplingParams` holds the options with their defaults; `SAMPLING_LIMITS` states the range of
+each numeric one, which `SamplingParams` checks and front-ends build their settings on.
 
 The sampler does not see the prompt unless told: llama.cpp's CLI accepts the prompt tokens into
 the sampler so that repetition penalties cover them — call `accept_many(prompt_ids)` to do the
@@ -40,14 +42,14 @@ import numbers
 import secrets
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numba import njit
 
 from .cpu.simd import vadd, vflag_above, vload, vsub, vsum, vzero
 
-__all__ = ["SamplingParams", "Sampler", "StopStringMatcher"]
+__all__ = ["SamplingParams", "SAMPLING_LIMITS", "Limit", "Sampler", "StopStringMatcher"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,25 +64,65 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def _finite(name: str, v) -> float:
-    if not _is_real(v) or not math.isfinite(float(v)):
-        raise ValueError(f"{name} must be a finite number, got {v!r}")
-    return float(v)
+@dataclass(frozen=True)
+class Limit:
+    """The values a numeric option takes: from `low` to `high` (None: no bound on that side;
+    with `low_open`, `low` itself is excluded), whole numbers only when `integer`."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    integer: bool = False
+
+    def problem(self, value) -> str | None:
+        """What is wrong with `value` ("must be at least 1"), or None when it is allowed."""
+        if self.integer:
+            if not _is_int(value):
+                return "must be a whole number"
+        elif not _is_real(value) or not math.isfinite(float(value)):
+            return "must be a number"
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return f"must be {'above' if self.low_open else 'at least'} {self.low}"
+        if self.high is not None and value > self.high:
+            return f"must be at most {self.high}"
+        return None
+
+    def checked(self, name: str, value) -> float | int:
+        """`value` as an int or a float; ValueError naming `name` when it is not allowed."""
+        problem = self.problem(value)
+        if problem is not None:
+            raise ValueError(f"{name} {problem}, got {value!r}")
+        return int(value) if self.integer else float(value)
+
+    def narrowed(self, low: float | None = None, high: float | None = None) -> Limit:
+        """This range with a tighter bound on either side (a front-end's own, such as a form
+        that refuses a temperature of 80); it never widens."""
+        if low is not None and self.low is not None and low < self.low:
+            raise ValueError(f"{low} is below this range's own lower bound {self.low}")
+        if high is not None and self.high is not None and high > self.high:
+            raise ValueError(f"{high} is above this range's own upper bound {self.high}")
+        return replace(self, low=self.low if low is None else low,
+                       high=self.high if high is None else high)
 
 
-def _unit(name: str, v) -> float:
-    v = _finite(name, v)
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name} must be between 0 and 1, got {v!r}")
-    return v
-
-
-def _integer(name: str, v, minimum: int) -> int:
-    if not _is_int(v):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    if v < minimum:
-        raise ValueError(f"{name} must be ≥ {minimum}, got {v!r}")
-    return int(v)
+# SamplingParams' numeric options and the values each takes: what __post_init__ checks, and
+# what a front-end's own settings build on (app/conversations.py's ChatSettings).
+SAMPLING_LIMITS: dict[str, Limit] = {
+    "temperature": Limit(),  # ≤ 0: greedy
+    "top_k": Limit(-(2**31), integer=True),  # ≤ 0: off
+    "top_p": Limit(0.0, 1.0),  # 1: off
+    "min_p": Limit(0.0, 1.0),  # 0: off
+    "typical_p": Limit(0.0, 1.0),  # 1: off
+    "repeat_penalty": Limit(0.0, low_open=True),  # 1: off
+    "repeat_last_n": Limit(-1, integer=True),  # 0: no tokens, -1: the whole context
+    "frequency_penalty": Limit(),
+    "presence_penalty": Limit(),
+    "seed": Limit(0, 2**128 - 1, integer=True),  # PCG64 takes 128 bits
+    "max_tokens": Limit(1, integer=True),
+    "min_keep": Limit(0, integer=True),
+}
+# The options that may also be None: seed (a random one) and max_tokens (no limit).
+NONE_ALLOWED = frozenset({"seed", "max_tokens"})
 
 
 @dataclass(frozen=True)
@@ -112,28 +154,12 @@ class SamplingParams:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "temperature", _finite("temperature", self.temperature))
-        set_(self, "top_k", _integer("top_k", self.top_k, -(2**31)))
-        set_(self, "top_p", _unit("top_p", self.top_p))
-        set_(self, "min_p", _unit("min_p", self.min_p))
-        set_(self, "typical_p", _unit("typical_p", self.typical_p))
-        rp = _finite("repeat_penalty", self.repeat_penalty)
-        if rp <= 0:
-            raise ValueError(f"repeat_penalty must be > 0 (1.0 = off), got {self.repeat_penalty!r}")
-        set_(self, "repeat_penalty", rp)
-        set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1))
-        set_(self, "frequency_penalty", _finite("frequency_penalty", self.frequency_penalty))
-        set_(self, "presence_penalty", _finite("presence_penalty", self.presence_penalty))
-        if self.seed is not None:
-            if not _is_int(self.seed) or self.seed < 0 or self.seed >= 2**128:
-                raise ValueError(
-                    f"seed must be None (random) or an integer in [0, 2**128), got {self.seed!r}")
-            set_(self, "seed", int(self.seed))
+        for name, limit in SAMPLING_LIMITS.items():
+            value = getattr(self, name)
+            if value is not None or name not in NONE_ALLOWED:
+                set_(self, name, limit.checked(name, value))
         set_(self, "logit_bias", self._check_bias(self.logit_bias))
-        if self.max_tokens is not None:
-            set_(self, "max_tokens", _integer("max_tokens", self.max_tokens, 1))
         set_(self, "stop", self._check_stop(self.stop))
-        set_(self, "min_keep", _integer("min_keep", self.min_keep, 0))
 
     @staticmethod
     def _check_bias(bias) -> dict[int, float]:
@@ -260,7 +286,7 @@ def _all_finite_kernel(x):
 
 def all_finite(row: np.ndarray) -> bool:
     """No NaN or infinity in a row of logits: one vectorized pass (numpy's isfinite().all()
-    writes a bool per logit and reads them again, ~15 µs for a 49k vocabulary not in cache)."""
+    writes a bool per logit and reads them again)."""
     if row.dtype == np.float32 and row.ndim == 1 and row.flags.c_contiguous:
         return bool(_all_finite_kernel(row))
     return bool(np.isfinite(row).all())
@@ -511,28 +537,42 @@ class Sampler:
         """Apply the chain to one row of logits (n_vocab,) and draw a token id."""
         p = self.params
         x = self._prepare(logits)
-        n = self.n_vocab
-        min_keep = max(p.min_keep, 1)
-
         if p.temperature <= 0.0 and p.typical_p >= 1.0:
-            # greedy: top-k, top-p and min-p all keep the most likely token (ties: lowest id),
-            # so the chain's answer is the argmax of the biased and penalised logits
-            token = int(np.argmax(x))
-            best = x[token]
-            if not best > -np.inf or best == np.inf:  # NaN sorts first in argmax
-                if np.isnan(x).any() or best == np.inf:
-                    raise ValueError("logits contain NaN or +inf value(s)")
-                raise ValueError("no token can be sampled: every candidate logit is -inf")
-            self.last_candidates = (np.array([token], dtype=np.int64),
-                                    np.ones(1, dtype=np.float32))
-            return token
+            return self._sample_greedy(x)
+        if 0 < p.top_k < self.n_vocab and p.typical_p >= 1.0:
+            token = self._sample_top_k(x)
+            if token is not None:
+                return token
+        ids, vals, is_sorted = self._candidates(x)
+        min_keep = max(p.min_keep, 1)
+        if p.typical_p < 1.0 and len(ids) > 1:
+            ids, vals = _typical(ids, vals, is_sorted, p.typical_p, min_keep)
+            is_sorted = False
+        if p.top_p < 1.0 and len(ids) > 1:
+            ids, vals, is_sorted = _top_p(ids, vals, is_sorted, p.top_p, min_keep)
+        if p.min_p > 0.0 and len(ids) > 1:
+            ids, vals = _min_p(ids, vals, is_sorted, self._log_min_p, min_keep)
+        return self._draw(ids, vals)
 
-        # top-k
+    def _sample_greedy(self, x: np.ndarray) -> int:
+        """Temperature ≤ 0 without typical sampling: top-k, top-p and min-p all keep the most
+        likely token (ties: lowest id), so the chain's answer is the argmax of the biased and
+        penalised logits."""
+        token = int(np.argmax(x))
+        best = x[token]
+        if not best > -np.inf or best == np.inf:  # NaN sorts first in argmax
+            if np.isnan(x).any() or best == np.inf:
+                raise ValueError("logits contain NaN or +inf value(s)")
+            raise ValueError("no token can be sampled: every candidate logit is -inf")
+        self.last_candidates = (np.array([token], dtype=np.int64), np.ones(1, dtype=np.float32))
+        return token
+
+    def _candidates(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(ids, logits, sorted?) that the filters start from: the top-k, sorted, when top-k is
+        on, else every token in id order; ValueError when the logits hold NaN or +inf, or when
+        every candidate is -inf."""
+        p, n = self.params, self.n_vocab
         if 0 < p.top_k < n:
-            if p.typical_p >= 1.0:
-                token = self._sample_top_k(x)
-                if token is not None:
-                    return token
             ids, vals, bad = _top_k(x, p.top_k)
             is_sorted = True
         else:
@@ -543,72 +583,12 @@ class Sampler:
             raise ValueError(f"logits contain {bad} NaN or +inf value(s)")
         if not vals.max() > -np.inf:
             raise ValueError("no token can be sampled: every candidate logit is -inf")
+        return ids, vals, is_sorted
 
-        # typical
-        if p.typical_p < 1.0 and len(ids) > 1:
-            if not is_sorted:
-                ids, vals = _sort_desc(ids, vals)
-            probs = _softmax32(vals)
-            with np.errstate(divide="ignore"):
-                logp = np.log(probs)
-            pos = probs > 0
-            entropy = -np.sum(probs[pos] * logp[pos], dtype=np.float32)
-            shifted = np.abs(-logp - entropy)
-            order = np.argsort(shifted, kind="stable")
-            cum = np.cumsum(probs[order], dtype=np.float32)
-            over = np.nonzero((cum > p.typical_p) & (np.arange(len(cum)) >= min_keep - 1))[0]
-            last = int(over[0]) + 1 if len(over) else len(cum)
-            keep = order[:last]
-            ids, vals = ids[keep], vals[keep]
-            is_sorted = False
-
-        # top-p
-        if p.top_p < 1.0 and len(ids) > 1:
-            probs = _softmax32(vals)
-            cut = None
-            if not is_sorted:
-                # like llama.cpp, look for the nucleus among the most likely few first; the
-                # mass of a prefix is the same whichever way the rest is ordered
-                k = 256
-                while cut is None and k <= 2048 and k * 4 <= len(ids):
-                    top_pos, top_probs, _ = _top_k(probs, k)
-                    cum = np.cumsum(top_probs, dtype=np.float32)
-                    hit = np.nonzero((cum >= p.top_p) & (np.arange(1, k + 1) >= min_keep))[0]
-                    if len(hit):
-                        cut = int(hit[0]) + 1
-                        keep = top_pos[:cut]
-                        ids, vals = ids[keep], vals[keep]
-                        is_sorted = True
-                    k *= 8
-            if cut is None:
-                if not is_sorted:
-                    order = _desc_order(ids, vals)
-                    ids, vals, probs = ids[order], vals[order], probs[order]
-                    is_sorted = True
-                cum = np.cumsum(probs, dtype=np.float32)
-                hit = np.nonzero((cum >= p.top_p) & (np.arange(1, len(cum) + 1) >= min_keep))[0]
-                last = int(hit[0]) + 1 if len(hit) else len(cum)
-                ids, vals = ids[:last], vals[:last]
-
-        # min-p
-        if p.min_p > 0.0 and len(ids) > 1:
-            log_min_p = self._log_min_p
-            done = False
-            if not is_sorted:
-                keep = vals >= vals.max() + log_min_p
-                if np.count_nonzero(keep) >= min_keep:
-                    ids, vals = ids[keep], vals[keep]
-                    done = True
-            if not done:
-                if not is_sorted:
-                    ids, vals = _sort_desc(ids, vals)
-                    is_sorted = True
-                below = np.nonzero((vals < vals[0] + log_min_p)
-                                   & (np.arange(len(vals)) >= min_keep))[0]
-                if len(below):
-                    ids, vals = ids[:below[0]], vals[:below[0]]
-
-        # temperature
+    def _draw(self, ids: np.ndarray, vals: np.ndarray) -> int:
+        """The chain's last steps: temperature (≤ 0: the best candidate, ties to the lowest id),
+        then one draw from the softmax of what is left."""
+        p = self.params
         if p.temperature <= 0.0:
             best = vals.max()
             tied = ids[vals == best]
@@ -617,8 +597,6 @@ class Sampler:
                                     np.ones(1, dtype=np.float32))
             return token
         vals = vals / np.float32(p.temperature)
-
-        # draw
         if len(ids) == 1:
             self.last_candidates = (ids, np.ones(1, dtype=np.float32))
             return int(ids[0])
@@ -631,6 +609,65 @@ class Sampler:
             i = int(np.nonzero(e > 0)[0][-1])
         self.last_candidates = (ids, (e / np.float32(total)).astype(np.float32))
         return int(ids[i])
+
+
+def _typical(ids: np.ndarray, vals: np.ndarray, is_sorted: bool, typical_p: float,
+             min_keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling: the candidates whose surprise is closest to the entropy, until
+    their mass exceeds typical_p (in that order, no longer sorted by logit)."""
+    if not is_sorted:
+        ids, vals = _sort_desc(ids, vals)
+    probs = _softmax32(vals)
+    with np.errstate(divide="ignore"):
+        logp = np.log(probs)
+    pos = probs > 0
+    entropy = -np.sum(probs[pos] * logp[pos], dtype=np.float32)
+    shifted = np.abs(-logp - entropy)
+    order = np.argsort(shifted, kind="stable")
+    cum = np.cumsum(probs[order], dtype=np.float32)
+    over = np.nonzero((cum > typical_p) & (np.arange(len(cum)) >= min_keep - 1))[0]
+    last = int(over[0]) + 1 if len(over) else len(cum)
+    keep = order[:last]
+    return ids[keep], vals[keep]
+
+
+def _top_p(ids: np.ndarray, vals: np.ndarray, is_sorted: bool, top_p: float,
+           min_keep: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The most likely candidates until their mass reaches top_p; (ids, logits, sorted?)."""
+    probs = _softmax32(vals)
+    if not is_sorted:
+        # like llama.cpp, look for the nucleus among the most likely few first; the mass of a
+        # prefix is the same whichever way the rest is ordered
+        k = 256
+        while k <= 2048 and k * 4 <= len(ids):
+            top_pos, top_probs, _ = _top_k(probs, k)
+            cum = np.cumsum(top_probs, dtype=np.float32)
+            hit = np.nonzero((cum >= top_p) & (np.arange(1, k + 1) >= min_keep))[0]
+            if len(hit):
+                keep = top_pos[:int(hit[0]) + 1]
+                return ids[keep], vals[keep], True
+            k *= 8
+        order = _desc_order(ids, vals)
+        ids, vals, probs = ids[order], vals[order], probs[order]
+    cum = np.cumsum(probs, dtype=np.float32)
+    hit = np.nonzero((cum >= top_p) & (np.arange(1, len(cum) + 1) >= min_keep))[0]
+    last = int(hit[0]) + 1 if len(hit) else len(cum)
+    return ids[:last], vals[:last], True
+
+
+def _min_p(ids: np.ndarray, vals: np.ndarray, is_sorted: bool, log_min_p: float,
+           min_keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates whose logit is at least the best one's + log(min_p) (at least min_keep
+    of them, the most likely)."""
+    if not is_sorted:
+        keep = vals >= vals.max() + log_min_p
+        if np.count_nonzero(keep) >= min_keep:
+            return ids[keep], vals[keep]
+        ids, vals = _sort_desc(ids, vals)
+    below = np.nonzero((vals < vals[0] + log_min_p) & (np.arange(len(vals)) >= min_keep))[0]
+    if len(below):
+        ids, vals = ids[:below[0]], vals[:below[0]]
+    return ids, vals
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from llamatui.app import conversations as cv
 from llamatui.app.conversations import (MIGRATIONS, SCHEMA_VERSION, ChatSettings,
                                         ConversationStore, SettingsError, code_blocks,
                                         export_markdown, export_to_file, title_from)
-from llamatui.inference.sampling import SamplingParams
+from llamatui.inference import SAMPLING_LIMITS, SamplingParams
 
 
 def test_store_lives_in_llamatui_home(tmp_path, monkeypatch):
@@ -126,6 +126,25 @@ def test_settings_validation_names_every_bad_field():
         (None, None, 0.0, 0.1, "Pirate.")
     with pytest.raises(SettingsError):
         ChatSettings(temperature=float("nan"))
+
+
+def test_settings_start_from_the_engine_defaults_and_narrow_its_limits():
+    """A new chat samples as the engine does by default, and every value the form accepts is
+    one the engine accepts (the form refuses some the engine takes: a temperature of 80)."""
+    engine, chat = SamplingParams(), ChatSettings()
+    sampling = chat.sampling()
+    assert sampling == {name: getattr(engine, name) for name in sampling}
+    for name, limit in cv.SETTING_LIMITS.items():
+        if name not in SAMPLING_LIMITS:
+            continue
+        for bound in (limit.low, limit.high):
+            if bound is not None and not (limit.low_open and bound == limit.low):
+                ChatSettings(**{name: bound})
+                SamplingParams(**{name: bound})
+    SamplingParams(temperature=80.0)
+    with pytest.raises(SettingsError) as e:
+        ChatSettings(temperature=80.0)
+    assert e.value.errors == {"temperature": "must be at most 10.0"}
 
 
 def test_chat_template_setting_names_a_built_in_template():

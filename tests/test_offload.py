@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from synthetic_models import TOKENS, write_model
 
+from llamatui.inference import LoadConfig, OffloadOptions
 from llamatui.app.cli import main
 from llamatui.inference.backend import Backend
 from llamatui.inference.cpu.backend import CPUBackend
@@ -150,7 +151,7 @@ def test_hidden_states_cross_each_boundary_once_per_batch(models, family):
     batch enters device 0 once, device 1 once, and leaves once; no layer copies to the host."""
     path = models[family]
     n_layer = {"llama": 3, "gemma3": 4}[family]
-    cpu = Model.load(path, n_ctx=128)
+    cpu = Model.load(path, LoadConfig(n_ctx=128))
     model, devices = split_model(path, [None] + [0] + [1] * (n_layer - 2), 1)
     for batch in (Batch(TOKENS[:12], pos=0), Batch([TOKENS[12]]), Batch([TOKENS[13]])):
         for d in devices.values():
@@ -164,7 +165,7 @@ def test_hidden_states_cross_each_boundary_once_per_batch(models, family):
 def test_without_kv_offload_attention_runs_next_to_the_cache(models):
     """--no-kv-offload: each offloaded layer sends q, k, v to the host's cache and gets the
     attention back (llama.cpp runs attention where the cache is)."""
-    cpu = Model.load(models["llama"], n_ctx=128)
+    cpu = Model.load(models["llama"], LoadConfig(n_ctx=128))
     model, devices = split_model(models["llama"], [0, 0, 0], 0, kv_devices=[None] * 3)
     batch = Batch(TOKENS[:9], pos=0)
     np.testing.assert_array_equal(model.decode(batch), cpu.decode(batch))
@@ -219,7 +220,8 @@ def probe_says(monkeypatch):
 def test_no_usable_gpu_means_the_cpu_with_one_line(models, probe_says, reason):
     found = probe_says(probe_mod.GPUProbe(False, (), reason))
     for ngl in (-1, 99, "all", "auto", 2):
-        model = Model.load(models["llama"], n_ctx=64, n_gpu_layers=ngl)
+        model = Model.load(models["llama"], LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=ngl)))
         assert model.n_gpu_layers == 0 and model.backends == [model.backend]
         assert model.offload_note == found.describe() and "\n" not in model.offload_note
         assert reason in model.offload_note and model.offload_note.endswith("on the CPU")
@@ -230,20 +232,23 @@ def test_no_usable_gpu_means_the_cpu_with_one_line(models, probe_says, reason):
 def test_ngl_0_never_probes(models, monkeypatch):
     monkeypatch.setattr("llamatui.inference.cuda.offload.probe",
                         lambda: pytest.fail("probed with -ngl 0"))
-    model = Model.load(models["llama"], n_ctx=64, n_gpu_layers=0)
+    model = Model.load(models["llama"], LoadConfig(n_ctx=64, offload=OffloadOptions(
+        n_gpu_layers=0)))
     assert model.n_gpu_layers == 0 and model.offload_note == ""
     model.close()
 
 
 def test_a_bad_ngl_is_refused_by_name(models):
     with pytest.raises(OffloadError, match="-ngl: 'lots' is not a layer count"):
-        Model.load(models["llama"], n_ctx=64, n_gpu_layers="lots")
+        Model.load(models["llama"], LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers="lots")))
 
 
 def test_engine_info_says_why_the_gpu_is_not_used(models, probe_says):
     from llamatui.inference import Engine
     probe_says(probe_mod.GPUProbe(False, (), "no CUDA device found"))
-    with Engine.load(models["llama"], n_ctx=64, warmup=False, n_gpu_layers=-1) as engine:
+    config = LoadConfig(n_ctx=64, warmup=False, offload=OffloadOptions(n_gpu_layers=-1))
+    with Engine.load(models["llama"], config) as engine:
         info = engine.info
     assert (info.n_gpu_layers, info.vram_bytes, info.offload) == (0, 0, "")
     assert info.gpu_note == "GPU offload unavailable: no CUDA device found; running on the CPU"
@@ -272,11 +277,11 @@ def test_offload_flags_reach_the_engine(monkeypatch):
     from llamatui.app.cli import build_parser
     args = build_parser({"run"}).parse_args(
         ["run", "-m", "x", "-ngl", "-1", "-mg", "1", "-ts", "3/1", "-sm", "none", "-nkvo"])
-    assert engine_args.offload_kwargs(args) == {
-        "n_gpu_layers": -1, "main_gpu": 1, "tensor_split": [3.0, 1.0], "offload_kv": False,
-        "split_mode": "none"}
+    assert engine_args.load_config(args).offload == OffloadOptions(
+        n_gpu_layers=-1, main_gpu=1, tensor_split=(3.0, 1.0), offload_kv=False,
+        split_mode="none")
     default = build_parser({"run"}).parse_args(["run", "-m", "x"])
-    assert engine_args.offload_kwargs(default)["n_gpu_layers"] == "auto"
+    assert engine_args.load_config(default).offload.n_gpu_layers == "auto"
 
 
 def test_run_without_a_gpu_says_why_once(smollm2_path, probe_says, capsys):
@@ -331,7 +336,7 @@ def test_hw_lists_each_gpu_with_what_fits(monkeypatch, capsys, tmp_path):
 
 
 def test_engine_panel_gpu_line():
-    from llamatui.app.tui.widgets import gpu_fact
+    from llamatui.app.tui.widgets.engine_panel import gpu_fact
     on_gpu = types.SimpleNamespace(n_layer=30, n_gpu_layers=31, vram_bytes=150_000_000,
                                    gpu_note="")
     assert gpu_fact(on_gpu) == "31/31 layers, 150.0 MB VRAM"

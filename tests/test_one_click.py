@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from hub_server import hub_server  # noqa: F401 - the fixture
+from llamatui.inference import LoadConfig
 from llamatui.app.cli import main
 from llamatui.app.one_click import (QuantizeCancelled, choose_target, fetch_and_quantize,
                                     output_name)
@@ -99,7 +100,7 @@ def test_fetch_and_quantize_end_to_end(f16_hub, f16_file, tmp_path):
     assert m.quantization == "Q4_K_M" and m.repo == REPO and m.ref == f"{REPO}:Q4_K_M"
 
     # chat-ready: it loads, answers through its chat template, and still knows things
-    with Engine.load(r, n_ctx=256, threads=2) as engine:
+    with Engine.load(r, LoadConfig(n_ctx=256, threads=2)) as engine:
         chat = "".join(e.text for e in engine.generate(
             [{"role": "user", "content": "Hello!"}], temperature=0, max_tokens=4))
         assert chat.strip()

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from llamatui.inference.sampling import Sampler, SamplingParams, StopStringMatcher, all_finite
+from llamatui.inference.sampling import (SAMPLING_LIMITS, Sampler, SamplingParams,
+                                       StopStringMatcher, all_finite)
 
 # every filter off, temperature 1: draws follow softmax(logits) exactly
 PLAIN = dict(top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, temperature=1.0)
@@ -68,6 +69,34 @@ def test_defaults_are_llama_cpp_defaults():
 def test_invalid_params_raise_clear_errors(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_the_limits_table_is_what_the_params_check():
+    """SAMPLING_LIMITS states each option's range once: SamplingParams accepts every bound it
+    names and refuses the value just past it (front-ends build their own forms on it)."""
+    for name, limit in SAMPLING_LIMITS.items():
+        step = 1 if limit.integer else 1e-3
+        if limit.low is not None:
+            if limit.low_open:
+                with pytest.raises(ValueError, match=name):
+                    SamplingParams(**{name: limit.low})
+                SamplingParams(**{name: limit.low + step})
+            else:
+                SamplingParams(**{name: limit.low})
+                with pytest.raises(ValueError, match=name):
+                    SamplingParams(**{name: limit.low - step})
+        if limit.high is not None:
+            SamplingParams(**{name: limit.high})
+            with pytest.raises(ValueError, match=name):
+                SamplingParams(**{name: limit.high + step})
+        if limit.integer:
+            with pytest.raises(ValueError, match=name):
+                SamplingParams(**{name: 2.5})
+        default = getattr(SamplingParams(), name)
+        assert default is None or limit.problem(default) is None
+    with pytest.raises(ValueError):  # a front-end may narrow a range, never widen it
+        SAMPLING_LIMITS["top_p"].narrowed(high=2.0)
+    assert SAMPLING_LIMITS["top_p"].narrowed(high=0.5).problem(0.6) == "must be at most 0.5"
 
 
 def test_params_normalise_stop_and_bias():

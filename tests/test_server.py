@@ -370,7 +370,7 @@ def test_content_chunks_are_written_as_chat_chunks_are(text):
 def test_keep_alive_ticks_only_after_a_quiet_interval():
     import asyncio
 
-    from llamatui.app.server.backend import _TICK, _KeepAlive
+    from llamatui.app.server.served_engine import _TICK, _KeepAlive
 
     async def ticks(busy: bool) -> tuple[int, float]:
         queue = asyncio.Queue()
@@ -396,7 +396,7 @@ def test_a_steps_events_wake_the_event_loop_once_the_step_is_over():
     import asyncio
     import threading
 
-    from llamatui.app.server.backend import Mailbox
+    from llamatui.app.server.served_engine import Mailbox
 
     async def scenario():
         loop = asyncio.get_running_loop()

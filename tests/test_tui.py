@@ -17,12 +17,18 @@ from textual.widgets import Footer, Input, Label, Markdown, OptionList, Static, 
 
 from llamatui.app.conversations import ChatSettings, ConversationStore
 from llamatui.app.tui.app import EngineLoader, LlamaTUI
-from llamatui.app.tui import chat as tui_chat
-from llamatui.app.tui.chat import (CHAT_ACTIONS, NOT_IN_FOOTER, PROMPT_KERNELS_READY,
-                                   READING_FIRST_PROMPT, READING_PROMPT, ChatScreen)
-from llamatui.app.tui.modals import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
-                                     ExportModal, HelpScreen, SettingsModal, WelcomeScreen)
-from llamatui.app.tui.widgets import WARMUP_STAGE, ChatMessage, model_display_name
+from llamatui.app.tui.chat import CHAT_ACTIONS, NOT_IN_FOOTER, ChatScreen
+from llamatui.app.tui.chat import reply as tui_reply
+from llamatui.app.tui.chat import engine_session
+from llamatui.app.tui.chat.engine_session import EngineProgress, EngineReady, EngineSession
+from llamatui.app.tui.chat.reply import (PROMPT_KERNELS_READY, READING_FIRST_PROMPT,
+                                         READING_PROMPT)
+from llamatui.app.tui.dialogs import (CodePickerModal, ConfirmModal, EditModal, ErrorModal,
+                                      ExportModal, HelpScreen, SettingsModal)
+from llamatui.app.tui.model_names import model_display_name
+from llamatui.app.tui.welcome import WelcomeScreen
+from llamatui.app.tui.widgets import ChatMessage
+from llamatui.app.tui.widgets.engine_panel import WARMUP_STAGE
 from llamatui.inference.chat import sandbox as template_sandbox
 from llamatui.models import store as model_store
 
@@ -165,7 +171,7 @@ def recording_appends(monkeypatch) -> list[str]:
 
 def test_reply_streams_into_markdown_and_is_saved(home, smollm2_path, monkeypatch):
     set_defaults(home)
-    monkeypatch.setattr(tui_chat, "STREAM_INTERVAL_S", 0.0)  # every token written at once
+    monkeypatch.setattr(tui_reply, "STREAM_INTERVAL_S", 0.0)  # every token written at once
     appended = recording_appends(monkeypatch)
 
     async def go():
@@ -200,7 +206,7 @@ def test_reply_text_is_written_at_most_once_an_interval(home, smollm2_path, monk
     write lays the screen out again, Python that holds the engine's GIL); the finished reply
     is rendered whole."""
     set_defaults(home)
-    monkeypatch.setattr(tui_chat, "STREAM_INTERVAL_S", 60.0)
+    monkeypatch.setattr(tui_reply, "STREAM_INTERVAL_S", 60.0)
     appended = recording_appends(monkeypatch)
 
     async def go():
@@ -233,7 +239,8 @@ def test_engine_panel_redraws_only_what_changed_and_not_per_token(home, smollm2_
             await pilot.pause()
             monkeypatch.setattr(Static, "update", recording_update)
             t0 = time.monotonic()
-            await type_and_send(pilot, "Name a fruit.")
+            # a prompt the model answers at length on any CPU's kernels: all 30 tokens stream
+            await type_and_send(pilot, "Tell me a long story about a fruit.")
             await reply_finished(app, 0)
             return time.monotonic() - t0, app.chat.panel.n_generated
 
@@ -795,6 +802,83 @@ def test_first_reply_says_kernels_compile(home, smollm2_path):
             return second
 
     assert run(go()) == READING_PROMPT
+
+
+# ------------------------------------------------------------------------------------------
+# the engine's lifecycle (EngineSession), without a model
+
+
+class FakeEngine:
+    def __init__(self, name):
+        self.name, self.cancelled = name, 0
+
+    def cancel(self):
+        self.cancelled += 1
+
+
+class GatedFakeLoader:
+    """Loads a FakeEngine per path; the loads of the paths in `held` wait for `gate`."""
+
+    def __init__(self, held=()):
+        self.gate, self.held, self.released = threading.Event(), set(held), []
+
+    def load(self, path, n_ctx, progress):
+        if path in self.held:
+            self.gate.wait(10)
+        progress("Ready", 3, 3)
+        return FakeEngine(path)
+
+    def release(self, engine):
+        self.released.append(engine.name)
+
+
+def posted_until(posted, condition, timeout=10.0):
+    t0 = time.monotonic()
+    while not condition(posted):
+        assert time.monotonic() - t0 < timeout, posted
+        time.sleep(0.01)
+
+
+def test_engine_session_drops_a_load_that_a_later_one_replaced():
+    """Load a, then b before a is done: b is the engine; a's, arriving late, is released and
+    its progress ignored."""
+    loader, posted = GatedFakeLoader(held={"a.gguf"}), []
+    session = EngineSession(loader, posted.append)
+    session.load("a.gguf", 512)
+    session.load("b.gguf", 512)
+    assert session.loading and session.has("b.gguf", 512) and not session.has("a.gguf", 512)
+    posted_until(posted, lambda p: any(isinstance(m, EngineReady) for m in p))
+    loader.gate.set()
+    posted_until(posted, lambda p: sum(isinstance(m, EngineReady) for m in p) == 2)
+    ready = {m.engine.name: m for m in posted if isinstance(m, EngineReady)}
+    progress = {m.load_id: m for m in posted if isinstance(m, EngineProgress)}
+    assert session.adopt(ready["b.gguf"]) and session.engine is ready["b.gguf"].engine
+    assert not session.adopt(ready["a.gguf"]) and loader.released == ["a.gguf"]
+    assert session.key == ("b.gguf", 512) and not session.loading
+    assert session.is_current(progress[2]) and not session.is_current(progress[1])
+    assert session.engine_of("b.gguf") is session.engine and session.engine_of("a.gguf") is None
+
+
+def test_engine_session_closes_an_engine_only_once_no_reply_uses_it(monkeypatch):
+    monkeypatch.setattr(engine_session, "ENGINE_IDLE_WAIT", 0.05)
+    loader, posted = GatedFakeLoader(), []
+    session = EngineSession(loader, posted.append)
+    session.load("a.gguf", 512)
+    posted_until(posted, lambda p: any(isinstance(m, EngineReady) for m in p))
+    assert session.adopt(next(m for m in posted if isinstance(m, EngineReady)))
+    engine = session.borrow()  # a reply's thread holds it
+    session.unload()  # ...so it is released in a thread, once given back
+    time.sleep(0.2)
+    assert loader.released == [] and session.engine is None
+    session.give_back(engine)
+    posted_until(posted, lambda p: loader.released == ["a.gguf"])
+    session.load("b.gguf", 512)
+    posted_until(posted, lambda p: sum(isinstance(m, EngineReady) for m in p) == 2)
+    assert session.adopt([m for m in posted if isinstance(m, EngineReady)][-1])
+    stuck = session.borrow()  # a reply stuck in a chat template: quitting leaves it behind
+    session.close()
+    assert stuck.cancelled == 1 and loader.released == ["a.gguf"] and session.closing
+    session.give_back(stuck)
 
 
 # ------------------------------------------------------------------------------------------

@@ -15,10 +15,11 @@ from textual.binding import Binding
 from llamatui.app.tui.app import EngineLoader, LlamaTUI
 from llamatui.app.tui.chat import CHAT_ACTIONS, ChatScreen
 from llamatui.app.tui.hardware import HardwareScreen
+from llamatui.app.tui.dialogs import (ConfirmModal, ErrorModal, HelpScreen, ModelsModal,
+                                      SettingsModal)
 from llamatui.app.tui.keys import APP_ACTIONS, key_label
-from llamatui.app.tui.models import ModelsScreen
-from llamatui.app.tui.modals import (ConfirmModal, ErrorModal, HelpScreen, ModelsModal,
-                                     SettingsModal, WelcomeScreen)
+from llamatui.app.tui.model_manager import ModelsScreen
+from llamatui.app.tui.welcome import WelcomeScreen
 from llamatui.models import hardware as model_hardware
 from llamatui.models import store as model_store
 from llamatui.models.hardware import GPUInfo, HardwareInfo
@@ -97,7 +98,7 @@ async def open_models(pilot) -> ModelsScreen:
     await pilot.press("f3")
     await wait_for(lambda: isinstance(pilot.app.screen, ModelsScreen), 10, "the models screen")
     screen = pilot.app.screen
-    await wait_for(lambda: screen.local_loads >= 1, 20, "the local list")
+    await wait_for(lambda: screen.local_tab.loads >= 1, 20, "the local list")
     await pilot.pause()
     return screen
 
@@ -125,7 +126,7 @@ def test_local_list_shows_the_store_and_deletes_with_confirm(home):
             await pilot.press("delete")
             await wait_for(lambda: isinstance(app.screen, ConfirmModal), 10, "the confirm")
             await pilot.press("y")
-            await wait_for(lambda: screen.local_loads >= 2, 20, "the list after deleting")
+            await wait_for(lambda: screen.local_tab.loads >= 2, 20, "the list after deleting")
             await pilot.pause()
             assert table.row_count == 0 and not path.exists()
             assert notified(app, "Deleted")
@@ -144,8 +145,8 @@ def test_search_and_open_a_repo_with_fit_badges(home):
             await pilot.pause()
             assert screen.tab == "search" and screen.focused.id == "search-input"
             await pilot.press(*"gguf", "enter")
-            await wait_for(lambda: screen.searches >= 1, 20, "the search")
-            ids = [m.id for m in screen.results]
+            await wait_for(lambda: screen.search_tab.searches >= 1, 20, "the search")
+            ids = [m.id for m in screen.search_tab.results]
             assert ids[0] == "other/Popular-GGUF" and "acme/Tiny-GGUF" in ids
             assert "acme/Private-GGUF" not in ids
             table = screen.query_one("#search-table")
@@ -153,23 +154,23 @@ def test_search_and_open_a_repo_with_fit_badges(home):
             table.move_cursor(row=ids.index("acme/Tiny-GGUF"))
             table.focus()
             await pilot.press("enter")
-            await wait_for(lambda: screen.repo_loads >= 1, 30, "the repository's files")
+            await wait_for(lambda: screen.files_tab.loads >= 1, 30, "the repository's files")
             await pilot.pause()
             assert screen.tab == "files"
-            assert set(screen.row_quants) >= {"IQ2_XS", "Q2_K", "Q4_K_M", "Q8_0", "Q6_K"}
-            best = screen.recommendation.best.quant
+            assert set(screen.files_tab.row_quants) >= {"IQ2_XS", "Q2_K", "Q4_K_M", "Q8_0", "Q6_K"}
+            best = screen.files_tab.recommendation.best.quant
             assert best == "Q8_0"
             files = screen.query_one("#files-table")
             rows = {q: [str(c) for c in files.get_row_at(i)]
-                    for i, q in enumerate(screen.row_quants)}
+                    for i, q in enumerate(screen.files_tab.row_quants)}
             assert rows[best][0] == "★" and "recommended" in rows[best][4]
             assert all(r[0] == "" for q, r in rows.items() if q != best)
             assert rows["Q8_0"][4].startswith("fits in GPU")
             assert rows["Q6_K"][2] == "2 files (split)" and rows["Q6_K"][5] == "runs"
-            assert screen.selected_quant() == best  # the cursor starts on it
+            assert screen.files_tab.selected_quant() == best  # the cursor starts on it
             detail = str(screen.query_one("#fit-detail").render())
             assert "weights" in detail and "KV cache" in detail
-            files.move_cursor(row=screen.row_quants.index("Q2_K"))
+            files.move_cursor(row=screen.files_tab.row_quants.index("Q2_K"))
             await pilot.pause()
             assert str(screen.query_one("#fit-detail").render()).startswith("Q2_K")
     run(go())
@@ -183,14 +184,14 @@ def test_download_with_progress_then_open_a_chat(home):
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot)
             screen.open_repo("acme/Tiny-GGUF")
-            await wait_for(lambda: screen.repo_loads >= 1, 30, "the repository's files")
+            await wait_for(lambda: screen.files_tab.loads >= 1, 30, "the repository's files")
             await pilot.pause()
-            screen.query_one("#files-table").move_cursor(row=screen.row_quants.index("Q2_K"))
+            screen.query_one("#files-table").move_cursor(row=screen.files_tab.row_quants.index("Q2_K"))
             await pilot.pause()
             await pilot.press("d")
             await pilot.pause()
-            assert len(screen.downloads) == 1
-            dl = next(iter(screen.downloads.values()))
+            assert len(screen.downloads_tab.downloads) == 1
+            dl = next(iter(screen.downloads_tab.downloads.values()))
             assert dl.ref == "acme/Tiny-GGUF:Q2_K"
             await wait_for(lambda: not dl.active, 60, "the download")
             assert dl.state == "done" and dl.updates >= 1, (dl.state, app.notifications_log)
@@ -202,8 +203,8 @@ def test_download_with_progress_then_open_a_chat(home):
             assert "done" in str(row.query_one(".dl-stats").render())
             # offered a chat with it
             await wait_for(lambda: isinstance(app.screen, ConfirmModal), 10, "the offer")
-            await wait_for(lambda: screen.local_loads >= 2, 20, "the refreshed list")
-            assert "Tiny-Q2_K.gguf" in [m.path.name for m in screen.local_models]
+            await wait_for(lambda: screen.local_tab.loads >= 2, 20, "the refreshed list")
+            assert "Tiny-Q2_K.gguf" in [m.path.name for m in screen.local_tab.models]
             await pilot.press("y")
             await wait_for(lambda: app.screen is app.chat, 10, "the chat")
             await wait_for(lambda: app.chat.engine is not None, 10, "the (fake) engine")
@@ -212,7 +213,7 @@ def test_download_with_progress_then_open_a_chat(home):
             # the manager keeps its state (and its downloads) when opened again
             await pilot.press("f3")
             await pilot.pause()
-            assert app.screen is screen and len(screen.downloads) == 1
+            assert app.screen is screen and len(screen.downloads_tab.downloads) == 1
     run(go())
 
 
@@ -252,16 +253,16 @@ def test_hub_errors_become_notifications(home, monkeypatch):
             screen = await open_models(pilot)
             screen.open_repo("acme/Missing-GGUF")
             await wait_for(lambda: notified(app, "Not found"), 20, "the not-found note")
-            assert screen.listing is None
+            assert screen.files_tab.listing is None
             screen.open_repo("acme/Gated-GGUF")
-            await wait_for(lambda: screen.repo_loads >= 1 or app.notifications_log[-1][0]
+            await wait_for(lambda: screen.files_tab.loads >= 1 or app.notifications_log[-1][0]
                            == "error", 20, "the gated repository")
-            if screen.repo_loads:  # listing a gated repo works; downloading it does not
+            if screen.files_tab.loads:  # listing a gated repo works; downloading it does not
                 dl = screen.start_download("acme/Gated-GGUF:Q4_K_M")
                 await wait_for(lambda: not dl.active, 20, "the gated download")
                 assert dl.state == "failed"
             monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-            screen._start_search("tiny")
+            screen.search_tab.search("tiny")
             await wait_for(lambda: notified(app, "Hub unreachable (offline?)"), 20,
                            "the offline note")
             assert all(sev in ("error", "warning", "information")
@@ -465,7 +466,7 @@ def test_snapshot_models_repo_files(snap_compare, home, monkeypatch):
     async def before(pilot):
         screen = await open_models(pilot)
         screen.open_repo("acme/Tiny-GGUF")
-        await wait_for(lambda: screen.repo_loads >= 1, 30, "the repository's files")
+        await wait_for(lambda: screen.files_tab.loads >= 1, 30, "the repository's files")
         await pilot.pause()
         steady(pilot.app)
 
@@ -517,13 +518,13 @@ def test_quantize_an_f16_from_the_files_tab(home, hub_server):
         async with app.run_test(size=SIZE) as pilot:
             screen = await open_models(pilot)
             screen.open_repo("acme/Tiny-F16")
-            await wait_for(lambda: screen.repo_loads >= 1, 30, "the repository's files")
+            await wait_for(lambda: screen.files_tab.loads >= 1, 30, "the repository's files")
             await pilot.pause()
-            screen.query_one("#files-table").move_cursor(row=screen.row_quants.index("F16"))
+            screen.query_one("#files-table").move_cursor(row=screen.files_tab.row_quants.index("F16"))
             await pilot.pause()
             await pilot.press("q")
             await pilot.pause()
-            (dl,) = screen.downloads.values()
+            (dl,) = screen.downloads_tab.downloads.values()
             assert dl.quantize and dl.ref == "acme/Tiny-F16:F16"
             await wait_for(lambda: not dl.active, 120, "the download and quantization")
             assert dl.state == "done", (dl.state, app.notifications_log)

@@ -12,7 +12,8 @@ from textual.command import CommandList
 from textual.widgets import Input
 
 from llamatui.app.conversations import ConversationStore
-from llamatui.app.tui.widgets import WARMUP_STAGE, ChatMessage
+from llamatui.app.tui.widgets import ChatMessage
+from llamatui.app.tui.widgets.engine_panel import WARMUP_STAGE
 from llamatui.models import store as model_store
 
 from tui_helpers import FAST, SIZE, SharedLoader, engine_ready, make_app, seed_chat, wait_for

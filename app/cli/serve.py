@@ -11,14 +11,15 @@ import threading
 from llamatui.models.store import mark_used, resolve_model
 
 from . import CommandError, UsageError
-from .engine_args import add_chat_template_arguments, add_model_arguments, chat_template_from_args
+from .engine_args import (add_chat_template_arguments, add_model_arguments, gpu_note_to_show,
+                          load_config)
 from .flags import checked, int_at_least
 
 
 # The event loop's Python and the engine thread's share the GIL: when the engine comes back
 # from a kernel while the loop writes a step's tokens to its streams, it waits at most this long
-# for the GIL (Python's default is 5 ms), instead of leaving both cores idle until the loop is
-# done. `benchmarks/serve_load.py`'s eight streams: +4 % tok/s (two A/B runs of 9 rounds).
+# for the GIL (Python's default is 5 ms), instead of leaving the cores idle until the loop is
+# done (benchmarks/serve_load.py measures the difference with many streams).
 GIL_SWITCH_S = 0.0002
 
 
@@ -98,15 +99,17 @@ def server_config(args):
 
 
 def run(args):
-    from ..server import Backend, Server, ServerError
+    from ..server import ServedEngine, Server, ServerError
 
     config = server_config(args)
     if args.ctx_shift and args.no_context_shift:
         raise UsageError("--ctx-shift and --no-ctx-shift contradict each other")
     path = resolve_model(args.model)
-    template = chat_template_from_args(args)
-    backend = Backend(max_queue=args.max_queue)
-    server = Server(config, backend)
+    # llama-server's defaults: no context shift unless --ctx-shift, -np slots
+    engine_config = load_config(args, context_policy="shift" if args.ctx_shift else "error",
+                                n_parallel=args.parallel)
+    served = ServedEngine(max_queue=args.max_queue)
+    server = Server(config, served)
     try:
         server.bind()
     except ServerError as e:
@@ -114,28 +117,27 @@ def run(args):
 
     def load():
         from llamatui.inference import Engine
-        return Engine.load(
-            path, n_ctx=args.ctx_size, threads=args.threads, cache_type_k=args.cache_type_k,
-            cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
-            context_policy="shift" if args.ctx_shift else "error", n_keep=max(args.keep, 0),
-            chat_template=template, n_parallel=args.parallel)
+        return Engine.load(path, engine_config)
 
     def load_then_report():
-        backend.load(load)
-        if backend.error is not None:
+        served.load(load)
+        if served.error is not None:
             server.request_stop()
             return
         mark_used(path)
-        info = backend.engine.info
+        info = served.engine.info
         print(f"llamatui serve: {info.name} loaded ({info.architecture} {info.quantization}, "
-              f"n_ctx {info.n_ctx}, {args.parallel} slots of {backend.limits.n_ctx_slot}, "
-              f"{backend.engine.threads} threads); serving {server.url}", file=sys.stderr,
+              f"n_ctx {info.n_ctx}, {args.parallel} slots of {served.limits.n_ctx_slot}, "
+              f"{served.engine.threads} threads); serving {server.url}", file=sys.stderr,
               flush=True)
+        note = gpu_note_to_show(info, args.n_gpu_layers)
+        if note:
+            print(f"llamatui serve: {note}", file=sys.stderr, flush=True)
 
     print(f"llamatui serve: listening on {server.url}, loading {path}", file=sys.stderr,
           flush=True)
     sys.setswitchinterval(GIL_SWITCH_S)
     threading.Thread(target=load_then_report, name="llamatui-load", daemon=True).start()
     server.run()
-    if backend.error is not None:
-        raise CommandError(f"cannot load {path}: {backend.error}")
+    if served.error is not None:
+        raise CommandError(f"cannot load {path}: {served.error}")

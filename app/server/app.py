@@ -22,17 +22,17 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.routing import Route as StarletteRoute
 
-from .backend import READY
 from .config import LogEntry, ServerConfig, ServerState
 from .errors import INVALID_KEY, APIError
 from .routes import PUBLIC_PATHS, ROUTES
+from .served_engine import READY
 from .sse import dumps, error_response
 
 _STATUS_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
 
 
-def create_app(config: ServerConfig, backend) -> Starlette:
-    state = ServerState(config, backend)
+def create_app(config: ServerConfig, served) -> Starlette:
+    state = ServerState(config, served)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -49,7 +49,7 @@ def create_app(config: ServerConfig, backend) -> Starlette:
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Api-Key"]))
     middleware += [Middleware(APIKeyCheck, keys=config.api_keys),
-                   Middleware(LoadingGate, backend=backend)]
+                   Middleware(LoadingGate, served=served)]
     routes = [StarletteRoute(path, r.handler, methods=[r.method])
               for r in ROUTES for path in r.paths]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
@@ -115,13 +115,13 @@ class LoadingGate:
     """503 "Loading model" for every route until the engine is ready (llama-server's
     middleware_server_state); the reason when loading failed."""
 
-    def __init__(self, app, backend):
-        self.app, self.backend = app, backend
+    def __init__(self, app, served):
+        self.app, self.served = app, served
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.backend.state != READY:
+        if scope["type"] == "http" and self.served.state != READY:
             try:
-                self.backend.check_ready()
+                self.served.check_ready()
             except APIError as e:
                 return await _send_error(send, e)
         return await self.app(scope, receive, send)

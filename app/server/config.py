@@ -55,10 +55,10 @@ class LogEntry:
 
 @dataclass
 class ServerState:
-    """What the handlers share: the settings, the engine's backend, the request log and the
+    """What the handlers share: the settings, the served engine, the request log and the
     event-loop lag monitor."""
     config: ServerConfig
-    backend: object
+    served: object  # served_engine.ServedEngine
     log: deque = field(default_factory=lambda: deque(maxlen=500))
     lag: LoopLagMonitor = field(default_factory=LoopLagMonitor)
     started: float = field(default_factory=time.time)
@@ -69,5 +69,5 @@ class ServerState:
         """The model's id in answers: --alias, else the file's name (as llama-server)."""
         if self.config.alias:
             return self.config.alias
-        engine = self.backend.engine
+        engine = self.served.engine
         return os.path.basename(engine.info.path) if engine is not None else ""

@@ -3,7 +3,7 @@ router, the API-key check (every route is protected unless its entry says public
 /openapi.json are all made, so a new route cannot miss any of them.
 
 Handlers never block the event loop: templating, tokenizing and the scheduler's calls run in the
-backend's thread pool; generation events arrive through the backend's `Run`.
+served engine's thread pool; generation events arrive through its `Run`.
 """
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from llamatui.inference import (POOLINGS, ChatTemplateError, ContextFullError,
-                                EmbeddingOnlyError, SamplingParams)
+                                EmbeddingOnlyError, ReplyStream, SamplingParams, ToolPlan,
+                                tool_call_family)
 
 from . import metrics, openapi, requests as rq
-from .backend import Run, choice_params
 from .errors import APIError, exceed_context, invalid, not_supported
 from .schema import check
+from .served_engine import Run, choice_params
 from .shapes import Choice, Shaper
 from .sse import DONE, PING, EventStream, sse, until_disconnect
-from llamatui.inference.chat.tool_calls import ReplyStream, ToolPlan, family_of
 
 MAX_BODY = 32 * 1024 * 1024  # bytes; llama-server's httplib payload limit is larger, but a
 # prompt this size is already far beyond any context
@@ -73,19 +73,19 @@ def _json_object(body: bytes) -> dict:
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
     return await _generate(request, rq.chat_job(await read_json(request),
-                                                  state.backend.limits), "chat")
+                                                  state.served.limits), "chat")
 
 
 async def completions(request: Request) -> Response:
     state = _state(request)
     return await _generate(request, rq.completions_job(await read_json(request),
-                                                         state.backend.limits), "completions")
+                                                         state.served.limits), "completions")
 
 
 async def native_completion(request: Request) -> Response:
     state = _state(request)
     return await _generate(request, rq.native_completion_job(await read_json(request),
-                                                               state.backend.limits), "native")
+                                                               state.served.limits), "native")
 
 
 def _prompt_ids(engine, prompt, chat: bool, plan: ToolPlan | None = None
@@ -113,13 +113,13 @@ def _tool_plan(engine, job: rq.Job) -> ToolPlan | None:
     if not job.chat:
         return None
     template = engine.template
-    return ToolPlan(family_of(template.source, template.builtin is not None), job.tools,
+    return ToolPlan(tool_call_family(template.source, template.builtin is not None), job.tools,
                     job.tool_choice, job.parallel_tool_calls)
 
 
 async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     state = _state(request)
-    backend, engine = state.backend, state.backend.engine
+    served, engine = state.served, state.served.engine
     if engine.info.encoder:
         raise not_supported(str(EmbeddingOnlyError(engine.info.architecture)))
     sampling = dict(job.sampling)
@@ -131,11 +131,11 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     except ValueError as e:
         raise APIError(f"invalid sampling options: {e}") from None
     plan = _tool_plan(engine, job)
-    prompts = [await backend.call(_prompt_ids, engine, p, job.chat, plan) for p in job.prompts]
+    prompts = [await served.call(_prompt_ids, engine, p, job.chat, plan) for p in job.prompts]
     constraint, param = job.constraint, job.constraint_param
     if plan is not None and plan.active:
         constraint, param = plan.constraint(), "tools"
-    run = Run(backend)
+    run = Run(served)
     await run.start([(ids, params[i]) for ids, _ in prompts for i in range(job.n)],
                     n_probs=max(job.n_probs, 1) if job.logprobs else 0,
                     cache_prompt=job.cache_prompt, constraint=constraint,
@@ -277,11 +277,11 @@ async def embeddings(request: Request) -> Response:
     """OpenAI's embeddings (llama-server's `handle_embeddings_impl`): one pooled, L2-normalised
     vector per input, as floats or base64 of little-endian float32."""
     state = _state(request)
-    body = check(await read_json(request), rq.embeddings_schema(state.backend.limits), "")
+    body = check(await read_json(request), rq.embeddings_schema(state.served.limits), "")
     if not state.config.embeddings:
         raise not_supported("This server does not support embeddings. Start it with "
                             "`--embeddings`")
-    engine = state.backend.engine
+    engine = state.served.engine
     items = body["input"]
     if isinstance(items, str) or isinstance(items[0], int):
         items = [items]  # one text, or one list of token ids
@@ -294,7 +294,7 @@ async def embeddings(request: Request) -> Response:
                        for i in items)
         return vectors, n_tokens
     try:
-        vectors, n_tokens = await state.backend.call(embed)
+        vectors, n_tokens = await state.served.call(embed)
     except ContextFullError as e:
         raise exceed_context(e.n_prompt, e.n_ctx) from None
     except ValueError as e:  # an empty text, token ids outside the vocabulary
@@ -309,11 +309,11 @@ async def embeddings(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     state = _state(request)
-    info = state.backend.engine.info
+    info = state.served.engine.info
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started),
         "owned_by": "llamatui",
-        "meta": {"n_vocab": info.n_vocab, "n_ctx": state.backend.limits.n_ctx_slot,
+        "meta": {"n_vocab": info.n_vocab, "n_ctx": state.served.limits.n_ctx_slot,
                  "n_ctx_train": info.n_ctx_train, "n_embd": info.n_embd,
                  "n_params": info.n_params, "size": info.file_bytes}}]})
 
@@ -327,13 +327,13 @@ async def metrics_route(request: Request) -> Response:
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with "
                             "`--metrics`")
-    sched = state.backend.scheduler
+    sched = state.served.scheduler
 
     def collect():
         return (dict(sched.stats), sched.slots_info(), sched.n_queued(),
-                state.backend.engine.kv_usage())
-    stats, slots, n_queued, kv = await state.backend.call(collect)
-    text = await state.backend.call(metrics.render, stats, slots, n_queued, kv, state.lag)
+                state.served.engine.kv_usage())
+    stats, slots, n_queued, kv = await state.served.call(collect)
+    text = await state.served.call(metrics.render, stats, slots, n_queued, kv, state.lag)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -343,7 +343,7 @@ async def slots(request: Request) -> Response:
     if not state.config.slots:
         raise not_supported("This server does not support slots endpoint. Start it without "
                             "`--no-slots`")
-    infos = await state.backend.call(state.backend.scheduler.slots_info)
+    infos = await state.served.call(state.served.scheduler.slots_info)
     return JSONResponse([{
         "id": s["id"], "id_task": s["request_id"] if s["request_id"] is not None else -1,
         "n_ctx": s["n_ctx"], "is_processing": s["request_id"] is not None,
@@ -355,9 +355,9 @@ async def slots(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state = _state(request)
-    body = check(await read_json(request), rq.tokenize_schema(state.backend.limits), "")
-    engine = state.backend.engine
-    ids = await state.backend.call(engine.tokenize, body["content"],
+    body = check(await read_json(request), rq.tokenize_schema(state.served.limits), "")
+    engine = state.served.engine
+    ids = await state.served.call(engine.tokenize, body["content"],
                                    add_special=body.get("add_special", False),
                                    parse_special=body.get("parse_special", True))
     if not body.get("with_pieces"):
@@ -375,17 +375,17 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     state = _state(request)
-    body = check(await read_json(request), rq.detokenize_schema(state.backend.limits), "")
-    text = await state.backend.call(state.backend.engine.detokenize, body["tokens"])
+    body = check(await read_json(request), rq.detokenize_schema(state.served.limits), "")
+    text = await state.served.call(state.served.engine.detokenize, body["tokens"])
     return JSONResponse({"content": text})
 
 
 async def apply_template(request: Request) -> Response:
     state = _state(request)
-    body = check(await read_json(request), rq.apply_template_schema(state.backend.limits), "")
+    body = check(await read_json(request), rq.apply_template_schema(state.served.limits), "")
     messages = [rq._flat_message(m) for m in body["messages"]]
     try:
-        prompt = await state.backend.call(state.backend.engine.apply_chat_template, messages)
+        prompt = await state.served.call(state.served.engine.apply_chat_template, messages)
     except ChatTemplateError as e:
         raise invalid("messages", f"the chat template failed on these messages: {e}") from None
     return JSONResponse({"prompt": prompt})
@@ -393,7 +393,7 @@ async def apply_template(request: Request) -> Response:
 
 async def props(request: Request) -> Response:
     state = _state(request)
-    engine, limits = state.backend.engine, state.backend.limits
+    engine, limits = state.served.engine, state.served.limits
     defaults = SamplingParams()
     tok = engine.tokenizer
     return JSONResponse({
@@ -413,7 +413,7 @@ async def props(request: Request) -> Response:
 
 
 async def openapi_json(request: Request) -> Response:
-    return JSONResponse(openapi.document(ROUTES, _state(request).backend.limits))
+    return JSONResponse(openapi.document(ROUTES, _state(request).served.limits))
 
 
 # --------------------------------------------------------------------------- the table

@@ -23,9 +23,9 @@ class ServerError(OSError):
 
 
 class Server:
-    def __init__(self, config: ServerConfig, backend):
-        self.config, self.backend = config, backend
-        self.app = create_app(config, backend)
+    def __init__(self, config: ServerConfig, served):
+        self.config, self.served = config, served
+        self.app = create_app(config, served)
         self.state = self.app.state.llamatui
         self._socket: socket.socket | None = None
         self._uvicorn: uvicorn.Server | None = None
@@ -91,7 +91,7 @@ class Server:
 
     def stop(self) -> None:
         """Cancels every answer in progress, stops serving, releases the engine (if ours)."""
-        for run in list(self.backend.runs):
+        for run in list(self.served.runs):
             run.cancel_requests()
         self.request_stop()
         if self._thread is not None:
@@ -99,7 +99,7 @@ class Server:
         self.close()
 
     def close(self) -> None:
-        self.backend.close()
+        self.served.close()
         if self._socket is not None:
             self._socket.close()
             self._socket = None

@@ -17,13 +17,15 @@ from textual.binding import Binding
 from llamatui.models.store import StoreError, resolve_model
 
 from ..conversations import ChatSettings, ConversationStore, default_export_dir
-from .chat import CHAT_ACTIONS, ChatScreen, describe_error
+from .chat import CHAT_ACTIONS, ChatScreen
+from .dialogs import ErrorModal, HelpScreen, ModelsModal
+from .errors import describe_error
 from .hardware import HARDWARE_ACTIONS, HardwareScreen
 from .keys import APP_ACTIONS, app_bindings, key_label
-from .modals import ErrorModal, HelpScreen, ModelsModal, WelcomeScreen
-from .models import MODELS_ACTIONS, ModelsScreen
+from .local_models import store_models
+from .model_manager import MODELS_ACTIONS, ModelsScreen
 from .server import ServerScreen
-from .widgets import store_models
+from .welcome import WelcomeScreen
 
 APP_KEYS = [
     ("enter", "Send", "send the message typed in the prompt"),
@@ -45,9 +47,11 @@ class EngineLoader:
     n_gpu_layers = "auto"
 
     def load(self, path: str, n_ctx: int, progress):
-        from llamatui.inference import Engine
-        return Engine.load(path, n_ctx=n_ctx, context_policy=self.context_policy,
-                           progress=progress, n_gpu_layers=self.n_gpu_layers)
+        """The engine for a chat's model and context size, with the app's LoadConfig."""
+        from llamatui.inference import Engine, LoadConfig, OffloadOptions
+        config = LoadConfig(n_ctx=n_ctx, context_policy=self.context_policy,
+                            offload=OffloadOptions(n_gpu_layers=self.n_gpu_layers))
+        return Engine.load(path, config, progress=progress)
 
     def release(self, engine) -> None:
         engine.close()

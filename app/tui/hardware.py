@@ -22,9 +22,8 @@ from textual.widgets import DataTable, Footer, Header, Label, Static
 from llamatui.models import hardware as model_hardware
 
 from ..hardware_report import machine_rows, what_it_runs
+from .formatting import FIT_STYLES, fmt_bytes
 from .keys import footer_bindings
-from .models import FIT_STYLES
-from .widgets import fmt_bytes
 
 CSS_DIR = pathlib.Path(__file__).parent
 

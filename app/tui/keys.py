@@ -2,7 +2,8 @@
 
 One table drives the app's bindings, the footers that show some of them, the command palette and
 the help screen, so that F5 is Downloads wherever it is pressed and the three cannot disagree.
-The chat screen's own keys are in tui_chat.CHAT_ACTIONS; a screen's local keys in its table.
+The chat screen's own keys are in chat/actions.py (CHAT_ACTIONS); a screen's local keys in its
+table.
 """
 from __future__ import annotations
 

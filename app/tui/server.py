@@ -140,11 +140,11 @@ class ServerScreen(Screen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="server")
     def _start(self, engine, port: int, key: str) -> None:
-        from ..server import Backend, Server, ServerConfig
+        from ..server import ServedEngine, Server, ServerConfig
         try:
             config = ServerConfig(host="127.0.0.1", port=port,
                                   api_keys=(key,) if key else (), metrics=True)
-            server = Server(config, Backend(engine, owns_engine=False))
+            server = Server(config, ServedEngine(engine, owns_engine=False))
             server.start()
         except BaseException as e:  # noqa: BLE001 - shown, never raised
             self.post_message(ServerFailed(e))
@@ -211,7 +211,7 @@ class ServerScreen(Screen):
         if chat is None or chat.engine is not self.engine:
             self.stop("the chat's model was unloaded or changed")
             return
-        sched = server.backend.scheduler
+        sched = server.served.scheduler
         key = " (API key required)" if server.config.api_keys else ""
         self._set_status(f"Serving {self.engine.info.name} at {server.url}/v1{key}")
         self._fill(self.query_one("#server-slots", DataTable), slot_rows(sched.slots_info()))

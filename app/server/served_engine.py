@@ -1,13 +1,13 @@
-"""The engine behind the server: one engine thread runs the scheduler (llama-server's
+"""The server's handle on the engine (`ServedEngine`): one engine thread runs the scheduler (llama-server's
 `update_slots` loop: `Scheduler.serve_forever`), and handlers talk to it without blocking the
 event loop.
 
 - Blocking calls (chat templates render in a worker process, tokenizing, queueing a request,
-  which takes the scheduler's lock) run in a small thread pool: `await backend.call(fn, ...)`.
+  which takes the scheduler's lock) run in a small thread pool: `await served.call(fn, ...)`.
 - A `Run` is the scheduler requests of one HTTP request (its n choices); the engine thread hands
   their events to the event loop through the loop's `Mailbox`, into one asyncio queue per run,
   once the step is over: a step that emits a token for each of eight streams wakes the loop
-  once, not eight times (`benchmarks/serve_load.py`'s eight streams: +7 % tok/s).
+  once, not eight times (`benchmarks/serve_load.py` measures what that saves).
 - Cancelling a run (the client went away) cancels its requests and reaps them at once: queued,
   prefilling or generating, their slots are idle again before the next step (llama-server leaves
   them running: its issues #11720, #13262).
@@ -33,8 +33,10 @@ LOADING, READY, FAILED, STOPPED = "loading", "ready", "failed", "stopped"
 POOL_THREADS = 4  # templating and tokenizing of concurrent requests
 
 
-class Backend:
-    """The engine (loaded by `load`, or one handed over: the app's) and its engine thread."""
+class ServedEngine:
+    """The server's handle on the engine: the engine (loaded by `load`, or one handed over: the
+    app's), the engine thread that steps its scheduler, the pool for blocking calls and the runs
+    in progress; `state` says whether requests can be served (LOADING, READY, FAILED, STOPPED)."""
 
     def __init__(self, engine=None, owns_engine: bool = True, max_queue: int | None = None):
         self.engine = None
@@ -199,8 +201,8 @@ class _KeepAlive:
 class Run:
     """The scheduler requests of one HTTP request; `events()` yields (choice index, event)."""
 
-    def __init__(self, backend: Backend):
-        self.backend = backend
+    def __init__(self, served: ServedEngine):
+        self.served = served
         self.queue: asyncio.Queue = asyncio.Queue()
         self.requests: list = []
         self._mailbox = Mailbox.of(asyncio.get_running_loop())
@@ -220,11 +222,11 @@ class Run:
         when there is a `constraint`; maps the scheduler's refusals to API errors (an oversized
         prompt: 400 exceed_context_size_error; a full queue: 503; a schema or grammar that
         cannot be used: 400 naming `constraint_param` and what is unsupported)."""
-        self.backend.runs.add(self)
-        sched = self.backend.scheduler
+        self.served.runs.add(self)
+        sched = self.served.scheduler
         try:
             for index, (ids, params) in enumerate(choices):
-                req = await self.backend.call(
+                req = await self.served.call(
                     sched.add_request, ids, params, self._poster(index), n_probs=n_probs,
                     cache_prompt=cache_prompt, truncate=False, constraint=constraint)
                 self.requests.append(req)
@@ -270,10 +272,10 @@ class Run:
 
     async def cancel(self) -> None:
         """Ends the requests that are not done and frees their slots now."""
-        self.backend.runs.discard(self)
+        self.served.runs.discard(self)
         if any(not r.done.is_set() for r in self.requests):
             self.cancel_requests()
-            await self.backend.call(self.backend.scheduler.reap)
+            await self.served.call(self.served.scheduler.reap)
 
 
 def choice_params(sampling: dict, n: int) -> list[SamplingParams]:
@@ -284,4 +286,4 @@ def choice_params(sampling: dict, n: int) -> list[SamplingParams]:
             for i in range(n)]
 
 
-__all__ = ["Backend", "Run", "APIError", "choice_params", "LOADING", "READY", "FAILED"]
+__all__ = ["ServedEngine", "Run", "APIError", "choice_params", "LOADING", "READY", "FAILED"]
