@@ -50,7 +50,7 @@ from synthetic_models import tokenizer_metadata, typed  # noqa: E402
 
 from llamatui.inference.gguf import GGUFValueType, GGUFWriter  # noqa: E402
 from llamatui.quantizer.model import ModelFacts, TensorSpec, plan_tensor_types  # noqa: E402
-from llamatui.quantizer.rows import quantize  # noqa: E402
+from llamatui.inference.quants import quantize  # noqa: E402
 
 N_VOCAB = 151936
 POOL_ROWS = 16384
@@ -190,8 +190,9 @@ print(json.dumps({"pp512": 512 / pp, "tg128": 128 / tg}))
 OURS_CPU_PROBE = r"""
 import json, sys, time, numba, numpy as np
 numba.set_num_threads(1)
+from llamatui.inference import LoadConfig
 from llamatui.inference.model import Batch, Model
-model = Model.load(sys.argv[1], n_ctx=1024)
+model = Model.load(sys.argv[1], LoadConfig(n_ctx=1024))
 ids = np.random.default_rng(0).integers(0, model.n_vocab, 512).tolist()
 reset = model.kv.clear
 def fill(tokens):

@@ -63,7 +63,7 @@ def _value_type(value):
 def write_stand_in(name: str, directory) -> pathlib.Path:
     """DIR/<name>-stand-in.gguf: the card's shapes, types and metadata, random weights."""
     from llamatui.inference.gguf import GGUFValueType, GGUFWriter, ValueType
-    from llamatui.quantizer.rows import quantize
+    from llamatui.inference.quants import quantize
     card = json.loads(CARDS.read_text())[name]
     path = pathlib.Path(directory) / f"{name}-stand-in.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)

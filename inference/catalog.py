@@ -4,11 +4,13 @@ listing, CLI) instead of keeping a copy; nothing here imports numba or numpy, so
 the model manager can read it without loading the kernels.
 
 - `GGML_TYPES` / `GGML_TYPES_BY_ID`: every ggml type a GGUF file may name (ggml.h's
-  `ggml_type`), with its block geometry, so a file using one we cannot compute still opens.
-  `ENGINE_TYPES`: the ones our kernels compute (a test checks the kernels agree).
+  `ggml_type`), with its block geometry, so a file using one we cannot compute still opens. The
+  geometry's one home: a type's class in inference/quants reads it from here, and the backends'
+  kernels from the class. Which types the engine computes is derived from the kernels the
+  backends register against those classes (`llamatui.inference.engine_types()`, support.py).
 - `MIXES`: llama.cpp's `llama_ftype` mixes ("Q4_K_M"...), best first (llama-quantize's
   perplexity order), each with its `general.file_type` number, the ggml type most of its tensors
-  get, and the types its matrices use; `runs_here` is derived from ENGINE_TYPES.
+  get, and the types its matrices use.
 - `ARCHITECTURES`: `general.architecture` → the file under `inference/archs/` that implements it
   (imported only when a model of that family loads, like vLLM's lazy registry) and the facts the
   hyperparameter reader needs before any code of the family runs.
@@ -74,10 +76,6 @@ GGML_TYPES_BY_ID: dict[int, GGMLType] = {t.id: t for t in (
 )}
 GGML_TYPES: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES_BY_ID.values()}
 
-# The types the engine's matrix kernels compute (inference/matmul.py; a test checks it agrees).
-ENGINE_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K",
-                          "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"))
-
 # ----------------------------------------------------------------------------- quantization mixes
 
 
@@ -91,11 +89,6 @@ class Mix:
     default_type: str
     types: frozenset[str]
     quantizable: bool = False  # llamatui quantize writes it (quantizer/model.py has its rules)
-
-    @property
-    def runs_here(self) -> bool:
-        """Whether the engine's kernels compute every type the mix uses."""
-        return self.types <= ENGINE_TYPES
 
 
 def _mix(name, file_type, default_type, *raised, q=False) -> Mix:
@@ -193,7 +186,6 @@ ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma3", "gemma3", "Gemma 3", rope="neox", swa_pattern=6, rope_base_swa=10000.0),
     Arch("bert", "bert", "BERT", rope="none", encoder=True),
     Arch("nomic-bert", "nomic_bert", "Nomic BERT", rope="neox", encoder=True),
-    # the architectures issue, part 1 (families helper)
     Arch("phi3", "phi3", "Phi 3", rope="neox"),
     Arch("gemma2", "gemma2", "Gemma 2", rope="neox", swa_pattern=2, n_swa=4096),
     Arch("olmo2", "olmo2", "OLMo 2", rope="neox", swa_pattern=4),
@@ -224,8 +216,3 @@ def get_arch(name) -> Arch:
         return ARCHITECTURES[name]
     except (KeyError, TypeError):
         raise UnsupportedArchitectureError(name) from None
-
-
-def runs_here(architecture: str | None, tensor_types=()) -> bool:
-    """Whether the engine runs a model of this architecture whose matrices have these types."""
-    return architecture in ARCHITECTURES and frozenset(tensor_types) <= ENGINE_TYPES

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import os
 
-CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
+from .catalog import GGML_TYPES
+
+_Q8_0 = GGML_TYPES["Q8_0"]
+# bytes a KV cache of each type takes per value (q8_0: a 34-byte block per 32 values)
+CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": _Q8_0.type_size / _Q8_0.block_size}
 # what a forward pass allocates besides the cache at the default micro-batch (activations, scores,
 # dequantized tiles, logits): measured well under this for the models we run (bench_memory.py)
 COMPUTE_MARGIN_BYTES = 512 << 20

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlparse
 
 from llamatui.inference.catalog import ARCHITECTURES, MIXES, MIXES_BY_NAME
+from llamatui.inference.support import mix_runs_here
 
 from .store import StoreError
 
@@ -273,7 +274,7 @@ def engine_supports(quant: str | None) -> bool | None:
     if quant is None:
         return None
     base = base_quant(quant)
-    return MIXES_BY_NAME[base].runs_here if base else False
+    return mix_runs_here(MIXES_BY_NAME[base]) if base else False
 
 
 def shard_of(path: str) -> tuple[int, int] | None:

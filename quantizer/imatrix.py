@@ -257,6 +257,7 @@ def collect_imatrix(model_path, text: str, n_ctx: int = 512, n_chunks: int | Non
     """Runs the model over `text` in chunks of `n_ctx` tokens (at most `n_chunks`) and returns
     (Imatrix, PerplexityResult). `dataset` is the name recorded in the file (llama-imatrix
     records the text file's path). `on_chunk(i, n, running_ppl)` reports progress."""
+    from llamatui.inference.config import LoadConfig
     from llamatui.inference.model import Model
     from llamatui.inference.perplexity import perplexity
     from llamatui.inference.tokenizers.tokenizer import Tokenizer
@@ -274,7 +275,7 @@ def collect_imatrix(model_path, text: str, n_ctx: int = 512, n_chunks: int | Non
             raise ImatrixError(f"the text has {len(tokens)} tokens; a context of {n_ctx} needs "
                                f"at least {n_ctx} (use a longer text or a smaller -c)")
         collector = ImatrixCollector(threads, process_output)
-        model = Model.load(gguf, n_ctx=n_ctx, backend=collector)
+        model = Model.load(gguf, LoadConfig(n_ctx=n_ctx), backend=collector)
         bos = tok.bos_id if tok.add_bos else None
         result = perplexity(model.logits_for, tokens, n_ctx, bos, n_chunks, on_chunk)
         imatrix = collector.imatrix([dataset] if dataset else [], result.n_chunks, n_ctx)

@@ -34,8 +34,7 @@ import numpy as np
 
 from llamatui.inference.catalog import GGML_TYPES, MIX_ALIASES, MIXES, Mix
 from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter, ValueType
-from llamatui.inference.quants import dequantize, get_quant_type
-from llamatui.quantizer.rows import QUANTIZERS, quantize
+from llamatui.inference.quants import QUANTIZERS, dequantize, get_quant_type, quantize
 
 __all__ = ["FTYPES", "ModelFacts", "QuantizeError", "QuantizeResult", "TensorPlan",
            "TensorSpec", "EvalResult", "evaluate_against", "llama_order", "parse_ftype",
@@ -257,38 +256,17 @@ class _State:
 def _mix_rules(qs: _State, new: str, spec: TensorSpec, cat: int,
                output_tensor_type: str | None) -> str:
     """llama_tensor_get_type_impl for the file types llamatui offers."""
-    f = qs.ftype.name
     facts = qs.facts
-    arch = facts.arch
-    falcon = arch == "falcon"
     if cat == _OUTPUT or (qs.tied_embeddings and cat == _TOKEN_EMBD):
         if output_tensor_type is not None:
             return output_tensor_type
-        if falcon or spec.n_cols % _block_size(new):
+        if facts.arch == "falcon" or spec.n_cols % _block_size(new):
             return "Q8_0"
         return new if new == "Q8_0" else "Q6_K"
     if cat == _TOKEN_EMBD:
         return new
     if _is_attn_v(cat):
-        i, n = qs.i_attention_wv, qs.n_attention_wv
-        if f == "Q2_K":
-            new = "Q4_K" if facts.n_gqa >= 4 else "Q3_K"
-        elif f == "Q2_K_S" and facts.n_gqa >= 4:
-            new = "Q4_K"
-        elif f == "Q3_K_M":
-            new = "Q5_K" if i < 2 else "Q4_K"
-        elif f == "Q3_K_L":
-            new = "Q5_K"
-        elif f in ("IQ4_NL", "IQ4_XS") and facts.n_gqa >= 4:
-            new = "Q5_K"
-        elif f in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
-            new = "Q6_K"
-        elif f == "Q4_K_S" and i < 4:
-            new = "Q5_K"
-        if facts.is_70b and new in ("Q3_K", "Q4_K"):
-            new = "Q5_K"
-        if facts.n_expert == 8:
-            new = "Q8_0"
+        new = _attn_v_type(qs, new)
         qs.i_attention_wv += 1
         return new
     if cat == _ATTN_K:
@@ -296,53 +274,91 @@ def _mix_rules(qs: _State, new: str, spec: TensorSpec, cat: int,
     if cat == _ATTN_Q:
         return new
     if cat == _FFN_DOWN:
-        i, n = qs.layer_info(qs.i_ffn_down, spec.name)
-        if f == "Q2_K":
-            new = "Q3_K"
-        elif f == "Q2_K_S":
-            if i < n // 8:
-                new = "Q4_K"
-        elif f == "Q3_K_M":
-            new = "Q5_K" if i < n // 16 else \
-                "Q4_K" if not falcon or _use_more_bits(i, n) else "Q3_K"
-        elif f == "Q3_K_L":
-            new = "Q4_K" if falcon else "Q5_K"
-        elif f == "Q4_K_M":
-            if falcon:
-                new = "Q6_K" if i < n // 16 else "Q5_K" if _use_more_bits(i, n) else "Q4_K"
-            elif _use_more_bits(i, n):
-                new = "Q6_K"
-        elif i < n // 8 and f in ("IQ4_NL", "IQ4_XS") and not qs.has_imatrix:
-            new = "Q5_K"
-        elif f == "Q5_K_M" and _use_more_bits(i, n):
-            new = "Q6_K"
-        elif f == "Q4_K_S" and not falcon and i < n // 8:
-            new = "Q5_K"
-        elif f in ("Q4_0", "Q5_0") and qs.has_imatrix and i < n // 8:
-            # llama.cpp guards the first ffn_down layers of Q4_0/Q5_0 when it has an imatrix
-            new = "Q4_1" if f == "Q4_0" else "Q5_1"
+        new = _ffn_down_type(qs, new, spec)
         qs.i_ffn_down += 1
         return new
     if cat == _ATTN_OUTPUT:
-        if not falcon:
-            if facts.n_expert == 8:
-                if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"):
-                    new = "Q5_K"
-            elif f == "Q2_K":
-                new = "Q3_K"
-            elif f == "Q3_K_M":
-                new = "Q4_K"
-            elif f == "Q3_K_L":
-                new = "Q5_K"
-        elif f == "Q3_K_L":
-            new = "Q4_K"
-        return new
+        return _attn_output_type(qs, new)
     # (attn_qkv is caught by the attn_v branch above, as in llama.cpp; ffn_gate/ffn_up only
     # change for IQ3_XS, which llamatui does not offer, but their counters still advance)
     if cat == _FFN_GATE:
         qs.i_ffn_gate += 1
     elif cat == _FFN_UP:
         qs.i_ffn_up += 1
+    return new
+
+
+def _attn_v_type(qs: _State, new: str) -> str:
+    """llama_tensor_get_type_impl's attn_v (and attn_qkv) rules."""
+    f, facts = qs.ftype.name, qs.facts
+    i, n = qs.i_attention_wv, qs.n_attention_wv
+    if f == "Q2_K":
+        new = "Q4_K" if facts.n_gqa >= 4 else "Q3_K"
+    elif f == "Q2_K_S" and facts.n_gqa >= 4:
+        new = "Q4_K"
+    elif f == "Q3_K_M":
+        new = "Q5_K" if i < 2 else "Q4_K"
+    elif f == "Q3_K_L":
+        new = "Q5_K"
+    elif f in ("IQ4_NL", "IQ4_XS") and facts.n_gqa >= 4:
+        new = "Q5_K"
+    elif f in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
+        new = "Q6_K"
+    elif f == "Q4_K_S" and i < 4:
+        new = "Q5_K"
+    if facts.is_70b and new in ("Q3_K", "Q4_K"):
+        new = "Q5_K"
+    if facts.n_expert == 8:
+        new = "Q8_0"
+    return new
+
+
+def _ffn_down_type(qs: _State, new: str, spec: TensorSpec) -> str:
+    """llama_tensor_get_type_impl's ffn_down rules."""
+    f, falcon = qs.ftype.name, qs.facts.arch == "falcon"
+    i, n = qs.layer_info(qs.i_ffn_down, spec.name)
+    if f == "Q2_K":
+        new = "Q3_K"
+    elif f == "Q2_K_S":
+        if i < n // 8:
+            new = "Q4_K"
+    elif f == "Q3_K_M":
+        new = "Q5_K" if i < n // 16 else \
+            "Q4_K" if not falcon or _use_more_bits(i, n) else "Q3_K"
+    elif f == "Q3_K_L":
+        new = "Q4_K" if falcon else "Q5_K"
+    elif f == "Q4_K_M":
+        if falcon:
+            new = "Q6_K" if i < n // 16 else "Q5_K" if _use_more_bits(i, n) else "Q4_K"
+        elif _use_more_bits(i, n):
+            new = "Q6_K"
+    elif i < n // 8 and f in ("IQ4_NL", "IQ4_XS") and not qs.has_imatrix:
+        new = "Q5_K"
+    elif f == "Q5_K_M" and _use_more_bits(i, n):
+        new = "Q6_K"
+    elif f == "Q4_K_S" and not falcon and i < n // 8:
+        new = "Q5_K"
+    elif f in ("Q4_0", "Q5_0") and qs.has_imatrix and i < n // 8:
+        # llama.cpp guards the first ffn_down layers of Q4_0/Q5_0 when it has an imatrix
+        new = "Q4_1" if f == "Q4_0" else "Q5_1"
+    return new
+
+
+def _attn_output_type(qs: _State, new: str) -> str:
+    """llama_tensor_get_type_impl's attn_output rules."""
+    f = qs.ftype.name
+    if qs.facts.arch != "falcon":
+        if qs.facts.n_expert == 8:
+            if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"):
+                new = "Q5_K"
+        elif f == "Q2_K":
+            new = "Q3_K"
+        elif f == "Q3_K_M":
+            new = "Q4_K"
+        elif f == "Q3_K_L":
+            new = "Q5_K"
+    elif f == "Q3_K_L":
+        new = "Q4_K"
     return new
 
 
@@ -662,12 +678,14 @@ def evaluate_against(base_path, quant_path, text: str, n_ctx: int = 128, n_chunk
     """Perplexity of both models and the KL divergence of the quantized model's next-token
     distribution from the source's, scored like llama-perplexity --kl-divergence (the second
     half of each chunk of `n_ctx` tokens)."""
+    from llamatui.inference.config import LoadConfig
     from llamatui.inference.engine import Engine
     from llamatui.inference.perplexity import log_softmax
 
-    base = Engine.load(base_path, n_ctx=n_ctx, threads=threads, warmup=False)
+    config = LoadConfig(n_ctx=n_ctx, threads=threads, warmup=False)
+    base = Engine.load(base_path, config)
     try:
-        quant = Engine.load(quant_path, n_ctx=n_ctx, threads=threads, warmup=False)
+        quant = Engine.load(quant_path, config)
         try:
             tok = base.tokenizer
             tokens = tok.encode(text, add_special=True, parse_special=False)

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from cuda_backend_checks import BACKEND_CHECKS  # the backend's checks (no numba imported)
-from llamatui.inference.rope import RopeSpec
+from llamatui.inference.rope import RopeSpec, Yarn
 
 MARK = "CUDA-CHECK "
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "quant_vectors.npz"
@@ -172,7 +172,7 @@ def check_rope():
     from llamatui.inference.cuda.elementwise import rope
     rng = check_rng(4)
     pos = np.array([0, 7, 30000], np.int64)
-    yarn = dict(n_ctx_orig=64, ext_factor=1.0, attn_factor=0.9)
+    yarn = dict(yarn=Yarn(n_ctx_orig=64, ext_factor=1.0), attn_factor=0.9)
     for neox in (False, True):
         for factors, extra in ((None, {}), ((rng.random(16) + 0.5).astype(np.float32), {}),
                                (None, yarn)):
@@ -234,10 +234,10 @@ def check_argmax():
 
 def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
     from llamatui.inference.cpu import attention as cpu_attention
-    from llamatui.inference.cuda.attention import attention
-    from llamatui.inference.kv_cache import KVCache
+    from llamatui.inference.cuda.attention import CellMask, DeviceKV, attention
+    from llamatui.inference.kv_cache import KVCache, KVRows
     n_cells = 70
-    cache = KVCache(n_cells, 1, n_head_kv, d, type_k=k_type, type_v=v_type, n_seq_max=2)
+    cache = KVCache(n_cells, 1, KVRows(n_head_kv, d, type_k=k_type, type_v=v_type), n_seq_max=2)
     cells = np.arange(n_cells)
     cache.k[0].write(cells, rng.standard_normal((n_cells, n_head_kv, d)).astype(np.float32))
     cache.v[0].write(cells, rng.standard_normal((n_cells, n_head_kv, d)).astype(np.float32))
@@ -255,10 +255,11 @@ def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
     k32, v32 = cache.k[0].read_f32(n_cells), cache.v[0].read_f32(n_cells)
     want = cpu_attention.attention(q, k32, v32, mask, 0.17).reshape(3, n_head, d).astype(np.float64)
     out = zeros_on_device((3, n_head, d), np.float32)
-    attention(to_device(q), to_device(cache.k[0].data.view(np.uint8)),
-              to_device(cache.v[0].data.view(np.uint8)), k_type, v_type, n_head_kv,
-              to_device(cell_pos), to_device(cell_seq), to_device(tok_pos), to_device(tok_seq),
-              n_swa, 0.17, out)
+    k = DeviceKV(to_device(cache.k[0].data.view(np.uint8)), k_type, n_head_kv, d)
+    v = DeviceKV(to_device(cache.v[0].data.view(np.uint8)), v_type, n_head_kv, d)
+    cells = CellMask(to_device(cell_pos), to_device(cell_seq), to_device(tok_pos),
+                     to_device(tok_seq), n_swa)
+    attention(to_device(q), k, v, cells, 0.17, out)
     magnitude = np.abs(v32).reshape(n_cells, -1).max()
     assert_close_f32(out.copy_to_host(), want, magnitude, f"attention K {k_type} V {v_type} "
                      f"heads {n_head}/{n_head_kv} n_swa {n_swa}", ulps=16)

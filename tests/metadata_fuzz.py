@@ -6,7 +6,7 @@ through every reader of metadata a user can reach:
     GGUFFile.open + every value and tensor read      (the file layer)
     models.recommend.estimate_file                    (the recommender, `llamatui ls`/`hw`)
     app.cmd_inspect.run --json                        (`llamatui inspect --json`)
-    Engine.load(n_ctx=64) + warm-up decode + generate("ab", max_tokens=1) + (de)tokenize
+    Engine.load at n_ctx 64 + warm-up decode + generate("ab", max_tokens=1) + (de)tokenize
 
 and its outcome is classified: success, a clear error (one of the project's own ValueError
 subclasses, in plain words), or a failure: any other exception, MemoryError, a message in numpy's
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llamatui.inference import LoadConfig
 from llamatui.inference.gguf import GGUFValueType as VT
 from llamatui.inference.gguf import GGUFWriter, ValueType, infer_value_type
 
@@ -559,7 +560,7 @@ def _encode_tensor(ttype: str, data: np.ndarray) -> np.ndarray:
         return (data.view(np.uint32) >> 16).astype(np.uint16)
     if ttype == "I32":
         return data.astype(np.int32)
-    from llamatui.quantizer.rows import quantize
+    from llamatui.inference.quants import quantize
     return quantize(ttype, data.reshape(-1, data.shape[-1]))
 
 
@@ -634,7 +635,7 @@ def _stages(path: str):
 
     def engine():
         from llamatui.inference.engine import Engine
-        with Engine.load(path, n_ctx=64, threads=1) as eng:  # warm-up: one decode
+        with Engine.load(path, LoadConfig(n_ctx=64, threads=1)) as eng:  # warm-up: one decode
             events = list(eng.generate("ab", max_tokens=1))
             assert events[-1].kind == "done", events[-1]
             eng.detokenize(range(len(eng.tokenizer)))

@@ -556,7 +556,7 @@ def typed(value):
 def write_model(name: str, type_name: str, directory) -> pathlib.Path:
     """Writes `<name>-<type>.gguf` for the case `name` (a family or a variant) into `directory`
     (deterministic bytes); returns its path."""
-    from llamatui.quantizer.rows import quantize
+    from llamatui.inference.quants import quantize
     recipe = CASES[name].recipe(np.random.default_rng(_seed(name)))
     path = pathlib.Path(directory) / f"{name}-{type_name}.gguf"
     w = GGUFWriter(path)

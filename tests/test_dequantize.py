@@ -2,6 +2,10 @@
 
 Results are compared as uint32 bit patterns, so a NaN payload or the sign of a zero counts.
 """
+import importlib
+import inspect
+import pkgutil
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
@@ -9,11 +13,13 @@ from gguf import quants as gguf_quants
 
 from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
+from llamatui.inference import quants
 from llamatui.inference.quants import (
-    SUPPORTED_TYPES, UnsupportedTypeError, dequantize, dequantize_rows, get_quant_type)
+    QUANT_TYPES, SUPPORTED_TYPES, QuantType, UnsupportedTypeError, dequantize, dequantize_rows,
+    get_quant_type)
 
-ALL_SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                 "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS")
+ALL_SUPPORTED = ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                 "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "BF16")  # ggml's order
 # golden/quant_vectors.npz: llama.cpp's bytes for each type, and for quantized types again with an
 # importance matrix (key suffix _imatrix).
 VECTOR_KEYS = ("F16", "BF16") + tuple(
@@ -52,6 +58,29 @@ def test_registry_covers_the_supported_types_with_ggml_geometry():
         assert qt.name == name
         assert (qt.block_size, qt.type_size) == (GGML_TYPES[name].block_size,
                                                  GGML_TYPES[name].type_size)
+
+
+def test_every_type_class_of_the_package_registers_itself_in_ggml_order():
+    """A type's file is all it takes: the package imports every module, and each class named
+    after a ggml type lands in QUANT_TYPES."""
+    classes = {}
+    for info in pkgutil.iter_modules(quants.__path__):
+        module = importlib.import_module(f"{quants.__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, QuantType) and cls is not QuantType \
+                    and not cls.__name__.startswith("_"):
+                classes[cls.__name__] = cls
+    assert classes == QUANT_TYPES
+    ids = [GGML_TYPES[name].id for name in QUANT_TYPES]
+    assert ids == sorted(ids)
+
+
+def test_a_kernel_step_is_whole_blocks():
+    assert get_quant_type("Q4_0").span(64) == (64, 36)
+    assert get_quant_type("Q4_K").span(32) == (256, 144)
+    assert get_quant_type("F16").span(16) == (16, 32)
+    with pytest.raises(ValueError, match="384 values are not whole blocks"):
+        get_quant_type("Q4_K").span(384)
 
 
 def test_quant_vectors_hold_the_expected_types(quant_vectors):

@@ -4,6 +4,7 @@ import struct
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.tokenizers.tokenizer import Tokenizer
@@ -138,7 +139,7 @@ def test_experts_get_one_row_per_expert(tmp_path, monkeypatch):
     monkeypatch.setattr(moe, "route", recording_route)
     path = write_model("qwen3moe", "F16", tmp_path)
     collector = ImatrixCollector(n_threads=2)
-    model = Model.load(GGUFFile.open(path), n_ctx=128, backend=collector)
+    model = Model.load(GGUFFile.open(path), LoadConfig(n_ctx=128), backend=collector)
     model.decode(Batch(TOKENS, pos=0, logits=True))
     imatrix = collector.imatrix(["synthetic"], 1, len(TOKENS))
     hp = model.hparams
@@ -156,7 +157,7 @@ def test_experts_get_one_row_per_expert(tmp_path, monkeypatch):
     assert "blk.0.ffn_down_exps.weight" in result.imatrix_used
     # every expert quantized with its own row of importance: expert 3 alone equals quantizing its
     # matrix with that row
-    from llamatui.quantizer.rows import quantize
+    from llamatui.inference.quants import quantize
     with GGUFFile.open(path) as src, GGUFFile.open(tmp_path / "q4_k_m.gguf") as dst:
         name = "blk.0.ffn_down_exps.weight"
         t = dst.tensors[name]

@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 import llamatui.inference.cpu.matmul as mm
 import synthetic_models
 from llamatui.inference.archs import moe
 from llamatui.inference.hparams import ModelMetadataError
 from llamatui.inference.model import Batch, Model
-from llamatui.quantizer.rows import quantize
+from llamatui.inference.quants import quantize
 from synthetic_models import TOKENS, write_model
 
 pytestmark = pytest.mark.usefixtures("float32_products")
@@ -118,7 +119,7 @@ def test_routing_spreads_tokens_over_the_experts(family, model_dir, monkeypatch)
         return chosen, weights
 
     monkeypatch.setattr(moe, "route", recording_route)
-    model = Model.load(write_model(family, "Q8_0", model_dir), n_ctx=128)
+    model = Model.load(write_model(family, "Q8_0", model_dir), LoadConfig(n_ctx=128))
     model.decode(Batch(TOKENS, pos=0, logits=True))
     hp = model.hparams
     assert len(sets) == hp.n_layer
@@ -133,7 +134,7 @@ def test_routing_spreads_tokens_over_the_experts(family, model_dir, monkeypatch)
 def test_moe_decoding_token_by_token_equals_one_batch(family, model_dir):
     """Token by token (each expert's rows through the fused kernel) as in one batch (each
     expert's tokens gathered into one product): the same logits up to float32 rounding."""
-    model = Model.load(write_model(family, "Q4_K", model_dir), n_ctx=128)
+    model = Model.load(write_model(family, "Q4_K", model_dir), LoadConfig(n_ctx=128))
     ids, n_prompt = TOKENS[:24], 16
     full = model.logits_for(ids)[n_prompt - 1:]
     model.kv.clear()
@@ -159,7 +160,7 @@ def test_a_moe_model_without_chosen_experts_is_refused(monkeypatch, model_dir):
     _broken(monkeypatch, "qwen3moe",
             lambda r: r.metadata.update({"qwen3moe.expert_used_count": 0}))
     with pytest.raises(ModelMetadataError, match="qwen3moe.expert_used_count = 0"):
-        Model.load(write_model("qwen3moe", "F16", model_dir), n_ctx=32)
+        Model.load(write_model("qwen3moe", "F16", model_dir), LoadConfig(n_ctx=32))
 
 
 def test_expert_tensors_are_checked_against_the_hyperparameters(monkeypatch, model_dir):
@@ -170,4 +171,4 @@ def test_expert_tensors_are_checked_against_the_hyperparameters(monkeypatch, mod
     _broken(monkeypatch, "qwen2moe", drop_an_expert)
     with pytest.raises(ModelMetadataError, match=r"'blk.1.ffn_up_exps.weight' has shape "
                        r"\(7, 256, 256\): expected \(8, 256, 256\)"):
-        Model.load(write_model("qwen2moe", "F16", model_dir), n_ctx=32)
+        Model.load(write_model("qwen2moe", "F16", model_dir), LoadConfig(n_ctx=32))

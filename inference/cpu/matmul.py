@@ -9,43 +9,44 @@
 output feature, usually a zero-copy view into the mmap'd GGUF file. The model is never
 dequantized as a whole: the only float copies of weights are bounded scratch tiles.
 
-Packed: a matrix of Q4_0, Q4_1 or Q8_0 (rows a multiple of 32 values, a multiple of 16 rows)
-that the caller packed once (`packed_weight`; the CPU backend does at its first product) runs
-`matmul_packed`'s kernels for any number of tokens where the CPU has AVX512-VNNI or AVX-VNNI:
-16 rows interleaved so that one vpdpbusd multiplies 4 values of 16 rows, activations quantized
-to 8 bits as ggml does (2-3x the float32 kernels below at 1-8 tokens, 1.0-1.6x the prompt path
-at 512, on SmolLM2's matrices here), and each token's result the same alone or in any batch.
+Which types: those whose kernels registered against their class in inference/quants as "cpu"
+(matmul_floats, matmul_legacy, matmul_kquants, matmul_iquants; see matmul_kernels); ENGINE_TYPES,
+what the engine computes, is derived from them.
 
-Otherwise three paths (kernels in `matmul_kernels`, written with the 16-lane vectors of
-`matmul_simd`):
+Packed: a matrix of a format `matmul_packed` registered (Q4_0, Q4_1, Q8_0; rows a multiple of
+32 values, a multiple of 16 rows) that the caller packed once (`packed_weight`; the CPU backend
+does at its first product) runs `matmul_packed`'s kernels for any number of tokens where the
+CPU has AVX512-VNNI or AVX-VNNI: 16 rows interleaved so that one vpdpbusd multiplies 4 values of
+16 rows, activations quantized to 8 bits as ggml does, and each token's result the same alone
+or in any batch.
+
+Otherwise three paths (kernels made of `matmul_kernels`' skeletons, written with the 16-lane
+vectors of `simd`):
 
 - decode, n_tokens <= DECODE_MAX_TOKENS (one token: the chat path): one fused numba kernel per
   type, parallel over output rows (`prange`, numba's thread count), streaming each weight row
-  once per token. For Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K (rows a multiple of 64 values) the
+  once per token. For the formats `matmul_int8` registered (rows a multiple of 64 values) the
   activations are quantized to 8 bits first and the blocks' bytes multiplied into them with
-  integer dot products (`matmul_int8`, as ggml's vec_dot_*_q8_0 / _q8_K: 1.1-3.3x the float32
-  kernels, the results off by the activations' rounding as llama.cpp's are: see `int8_decode`
-  for when they are used); the other formats
-  unpack a block into float32 registers and multiply it in with FMAs, scales applied once per
-  (sub-)block and min terms folded into precomputed sums of x (float32 rounding only). Matrices
-  under PARALLEL_MIN_BYTES run on the calling thread alone: waking the other threads costs more
-  than it saves.
+  integer dot products, as ggml's vec_dot_*_q8_0 / _q8_K (see `matmul_int8` for why, what it
+  costs in precision and when `int8_decode` allows it); the other formats unpack a block into
+  float32 registers and multiply it in with FMAs, scales applied once per (sub-)block and min
+  terms folded into precomputed sums of x (float32 rounding only). Matrices under
+  PARALLEL_MIN_BYTES run on the calling thread alone: waking the other threads costs more than
+  it saves.
 - batch decode, n_tokens <= BATCH_DECODE_MAX_TOKENS (a scheduler step: one token of each of
   several sequences): one kernel per type that dequantizes each 16-value chunk of a weight row
   once for a tile of 8 tokens (4 for the last 4) and multiplies it into each token's
   activations, float32 throughout like the decode kernel. Tokens are padded to a multiple of 4.
-  A step of 8 tokens costs about twice a step of one (the FMAs themselves are then the bound),
-  where 8 single-token products cost 8 times; from 2 tokens on it beats the decode kernel, up
-  to 16 the float32 tile path below (by 1.2-2x; around 20 tokens the bfloat16 GEMM catches up).
+  At 8 tokens the FMAs themselves are the bound, where 8 single-token products would stream the
+  weights 8 times; from 2 tokens on it beats the decode kernel, up to 16 the tile path below.
 - prefill, more tokens: TILE_BYTES tiles of weight rows are dequantized exactly (ggml's formulas
   bit for bit, numba, parallel over rows) into a reused per-thread float32 scratch buffer and
   multiplied by a register-blocked numba GEMM (`gemm_f32`, parallel over row blocks). Per core it
-  is on par with single-threaded OpenBLAS (86-101 vs 93-97 GFLOP/s), it shares numba's threads
-  with the decode kernels, and numpy's multi-threaded OpenBLAS collapses when the cores are shared
-  (40 ms instead of 10 ms for a 512x576x910 product here). Where the CPU has AVX512-BF16 the
-  tile and the activations are rounded to bfloat16 and `gemm_bf16` multiplies them (vdpbf16ps:
-  ~350 GFLOP/s on the two cores here against gemm_f32's ~200; see USE_BF16).
-  Dequantizing is ~2 % of the work at 512 tokens.
+  is on par with single-threaded OpenBLAS, it shares numba's threads with the decode kernels,
+  and numpy's multi-threaded OpenBLAS collapses when the cores are shared. Where the CPU has
+  AVX512-BF16 the tile and the activations are rounded to bfloat16 and `gemm_bf16` multiplies
+  them (vdpbf16ps: twice the multiply-adds per instruction; see USE_BF16). Dequantizing is a
+  small part of the work.
 
 F32 weights are used in place by the GEMM, whatever the number of tokens.
 
@@ -65,12 +66,13 @@ import threading
 import numpy as np
 
 from . import matmul_int8, matmul_packed
-from ..catalog import GGML_TYPES
-from .matmul_kernels import KERNELS, gemm_bf16, gemm_f32, to_bf16
+from . import matmul_floats, matmul_iquants, matmul_kquants, matmul_legacy  # noqa: F401 (register)
+from ..quants import get_quant_type, kernels_of
+from .matmul_kernels import MIN_STEP, gemm_bf16, gemm_f32, to_bf16
 from .simd import HAS_AVX512_BF16, HAS_INT8_DOT
 
 __all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types", "int8_decode",
-           "packed_weight", "packed_product",
+           "packed_weight", "packed_product", "ENGINE_TYPES",
            "DECODE_MAX_TOKENS", "BATCH_DECODE_MAX_TOKENS", "TILE_BYTES", "PARALLEL_MIN_BYTES",
            "PARALLEL_MIN_FLOPS", "PARALLEL_MIN_VALUES"]
 
@@ -85,11 +87,11 @@ PARALLEL_MIN_BYTES = 96 << 10
 PARALLEL_MIN_FLOPS = 2_000_000
 PARALLEL_MIN_VALUES = 64 << 10  # dequantized rows (embedding lookups, prefill tiles)
 
-# F32 is used in place; every other type has its kernels (catalog.ENGINE_TYPES must say the same:
-# a test checks it)
-_SUPPORTED = ("F32", *KERNELS)
-# type name -> (values per block, bytes per block)
-_GEOMETRY = {name: (GGML_TYPES[name].block_size, GGML_TYPES[name].type_size) for name in _SUPPORTED}
+# type name -> its kernels (matmul_kernels.TypeKernels), as registered against its class
+KERNELS = kernels_of("cpu")
+_SUPPORTED = tuple(KERNELS)
+# The ggml types the engine computes (the model manager asks `llamatui.inference.engine_types`).
+ENGINE_TYPES = frozenset(KERNELS)
 _scratch = threading.local()
 # Prompts multiply in bfloat16 where the CPU has AVX512-BF16 (twice float32's multiply-adds per
 # instruction, float32 sums): activations and dequantized weights are rounded to bf16's 8-bit
@@ -109,14 +111,8 @@ _precision = threading.local()
 def int8_decode(enabled: bool):
     """Whether this thread's one-token products may use the row-at-a-time 8-bit kernels of
     `matmul_int8` (default: yes, where USE_INT8). Packed matrices always use theirs, which give
-    a token the same result in any batch.
-
-    Why a switch: rounding activations to 8 bits is discontinuous, so a token computed by the
-    8-bit kernel in one run and inside a float32 batch in another (its prompt cached or not, other
-    requests sharing the step or not) ends up with different logits, not just float32 rounding
-    apart, and a seed no longer gives the same text. The scheduler therefore uses them only with
-    one slot, where it gives every sampled token a step of its own (see Scheduler.schedule); with
-    several slots, whose steps mix requests, every product stays float32."""
+    a token the same result in any batch. Why a switch (8-bit rounding of activations is
+    discontinuous, so the scheduler allows it with one slot only): see `matmul_int8`."""
     before = getattr(_precision, "int8", True)
     _precision.int8 = bool(enabled)
     try:
@@ -140,8 +136,7 @@ def supported_matmul_types() -> tuple[str, ...]:
 def _weight(type_name: str, weight: np.ndarray) -> tuple[np.ndarray, int]:
     """Validate `weight`; return it as a read-only plain ndarray (so an mmap view and an ordinary
     array are the same numba type: one compiled specialization) and its in_features."""
-    geometry = _GEOMETRY.get(type_name)
-    if geometry is None:
+    if type_name not in KERNELS:
         raise NotImplementedError(f"matmul: ggml type {type_name!r} is not supported "
                                   f"(supported: {', '.join(_SUPPORTED)})")
     if not isinstance(weight, np.ndarray) or weight.dtype != np.uint8 or weight.ndim != 2:
@@ -149,7 +144,8 @@ def _weight(type_name: str, weight: np.ndarray) -> tuple[np.ndarray, int]:
                         f"got {getattr(weight, 'dtype', type(weight))} {getattr(weight, 'shape', '')}")
     if not weight.flags.c_contiguous:
         raise ValueError(f"{type_name} weight must be C-contiguous (a view of the file's rows)")
-    block_size, type_size = geometry
+    qt = get_quant_type(type_name)
+    block_size, type_size = qt.block_size, qt.type_size
     row_bytes = weight.shape[1]
     if row_bytes % type_size:
         raise ValueError(f"{type_name}: a row of {row_bytes} bytes is not a whole number of "
@@ -174,9 +170,9 @@ def _dequant_rows(type_name: str, w: np.ndarray, rows: np.ndarray, out: np.ndarr
     """out[i] = W[rows[i]] exactly; rows int64 in range; out float32 (len(rows), k) C-contiguous."""
     if type_name == "F32":
         np.take(w.view(np.float32), rows, axis=0, out=out)
-    elif out.shape[1] % 32 == 0:
+    elif out.shape[1] % MIN_STEP == 0:
         KERNELS[type_name].rows(w, rows, out, out.size < PARALLEL_MIN_VALUES)
-    elif type_name == "F16":  # rows of a length the kernels' 32-value blocks do not divide
+    elif type_name == "F16":  # rows of a length the kernels' steps do not divide
         out[:] = w[rows].view(np.float16)
     else:  # BF16
         out[:] = (w[rows].view(np.uint16).astype(np.uint32) << 16).view(np.float32)
@@ -267,7 +263,8 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
     if outs is not None:
         (out,) = outs
         return out[0] if squeeze else out
-    batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % 32 == 0 and type_name != "F32"
+    batch = DECODE_MAX_TOKENS < n <= BATCH_DECODE_MAX_TOKENS and k % MIN_STEP == 0 \
+        and type_name != "F32"
     out = np.empty((-(-n // 4) * 4 if batch else n, n_out), np.float32)  # whole tiles of 4
     if n == 0 or n_out == 0:
         pass
@@ -275,12 +272,12 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
         _tiles(type_name, w, x, out, lambda tile, r0, r1: np.matmul(x, tile.T, out=out[:, r0:r1]))
     elif type_name == "F32":
         _gemm(x, w.view(np.float32), out, 0)
-    elif n <= DECODE_MAX_TOKENS and k % 32 == 0:
+    elif n <= DECODE_MAX_TOKENS and k % MIN_STEP == 0:
         (_int8_kernels(type_name, k) or KERNELS[type_name]).matvec(w, x, out,
                                                                    w.nbytes < PARALLEL_MIN_BYTES)
     elif batch:
         _batch_decode(type_name, w, x, out)
-    elif USE_BF16 and k % 32 == 0:
+    elif USE_BF16 and k % MIN_STEP == 0:
         x16 = _bf16(x)
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm_bf16(x16, tile, out, r0))
     else:
@@ -330,7 +327,7 @@ def matmul_id(type_name: str, experts: np.ndarray, x: np.ndarray, ids) -> np.nda
     out = np.empty((flat.size, n_out), np.float32)
     counts = np.bincount(flat, minlength=n_expert)
     # pairs whose expert few tokens chose: the fused decode kernel (when the format has one)
-    few = DECODE_MAX_TOKENS if type_name in KERNELS and k % 32 == 0 else 0
+    few = DECODE_MAX_TOKENS if KERNELS[type_name].matvec_id and k % MIN_STEP == 0 else 0
     pairs = np.flatnonzero(counts[flat] <= few)
     if pairs.size:
         fused = out if pairs.size == flat.size else np.empty((pairs.size, n_out), np.float32)

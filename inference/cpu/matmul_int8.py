@@ -1,29 +1,40 @@
 """8-bit decode kernels for `llamatui.inference.cpu.matmul`: weights times activations quantized to
-8 bits, as ggml's CPU backend multiplies (`ggml_vec_dot_<type>_q8_0`, `..._q8_K`).
+8 bits, as ggml's CPU backend multiplies (`ggml_vec_dot_<type>_q8_0`, `..._q8_K`). This is the one
+full account of the 8-bit paths; matmul.py, `int8_decode` and matmul_packed.py refer to it.
 
 Why: a decode step is one pass over every weight, and the float32 kernels (`matmul_kernels`)
 spend ~3 vector operations per 16 weights turning bytes into floats and multiplying them in. Here
 the activations are quantized once per product (`quantize_activations`, ggml's
 `quantize_row_q8_0` / `quantize_row_q8_K`: int8 values, one scale per block) and a weight block's
 unpacked bytes are multiplied into them 64 at a time by `vdpbusd` (AVX512-VNNI's vpdpbusd where
-the CPU has it), with integer sums per (sub-)block and one float multiply-add per scale.
+the CPU has it), with integer sums per (sub-)block and one float multiply-add per scale. Used
+where the CPU has AVX512-VNNI or AVX-VNNI (`matmul.USE_INT8`; LLAMATUI_INT8=0 turns them off).
 
 Activations (per token, k values): `xq` their int8 bytes, `xd` one float scale per QB values
-(QB = 32 for the 32-value formats, as Q8_0; 256 for the K-quants, as Q8_K), `xsum` the integer sum
-of every 16 of them (Q8_K's bsums) and `xs32` = scale * sum of every 32 (Q8_1's s). vpdpbusd takes
+(QB = Q8_0's block for the 32-value formats, Q8_K's for the K-quants), `xsum` the integer sum of
+every 16 of them (Q8_K's bsums) and `xs32` = scale * sum of every 32 (Q8_1's s). vpdpbusd takes
 unsigned weights: a format's offset (Q4_0's -8, Q6_K's -32, Q8_0's -128 after flipping its sign
 bit) and its mins (Q4_1, Q4_K) are applied through those sums, once per block.
 
-Per format, `_dot8_<type>(w, bo, xq, xo, xd, do, xsum, so, a0, a1, ms)` adds one weight block
-(two blocks for the 32-value formats: 64 values per vpdpbusd) times its activations into two
+Per format, `_dot8_<type>(w, bo, xq, xo, xd, do, xsum, so, a0, a1, ms)` adds one step of a weight
+row (two blocks for the 32-value formats: 64 values per vpdpbusd) times its activations into two
 float32 accumulators and a scalar; `_matvec8` / `_matvec_id8` make the decode kernels of them
-(same signatures as `matmul_kernels`' matvec / matvec_id). Rows must be a multiple of 64 values.
+(same signatures as `matmul_kernels`' matvec / matvec_id), registered against the format's class
+as its "cpu_int8" kernels. Rows must be a multiple of UNIT values.
 
-Results differ from the float32 kernels by the activations' 8-bit rounding (about 2e-3 of
-sum |x * w| at most), as llama.cpp's do; they equal the product of the dequantized weights and the
-dequantized activations up to float32 rounding (tests/test_matmul_int8.py checks both).
+Precision: results differ from the float32 kernels by the activations' 8-bit rounding (about
+2e-3 of sum |x * w| at most), as llama.cpp's do; they equal the product of the dequantized
+weights and the dequantized activations up to float32 rounding (tests/test_matmul_int8.py checks
+both). That rounding is discontinuous: a token computed by these kernels in one run and inside a
+float32 batch in another (its prompt cached or not, other requests sharing the step or not) ends
+up with different logits, not just float32 rounding apart, and a seed would no longer give the
+same text. Hence `matmul.int8_decode`: the scheduler lets one-token products use these kernels
+only with one slot, where every sampled token gets a step of its own; with several slots, whose
+steps mix requests, products stay float32. The packed kernels (`matmul_packed`) compute every
+token alike in any batch, so they are always on.
 
-Cache note: like `matmul_kernels`, touch this file after editing `matmul_simd`.
+Cache note: like the float32 kernels, touch this file after editing `simd`, `matmul_kernels` or
+`matmul_kquants`.
 """
 from __future__ import annotations
 
@@ -32,13 +43,36 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from .matmul_kernels import _k4_scales, _serial_begin, _serial_end
+from ..quants import kernels_of
+from ..quants.kquants import Q4_K, Q5_K, Q6_K, Q8_K
+from ..quants.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .matmul_kernels import _serial_begin, _serial_end
+from .matmul_kquants import _k4_scales
 from .simd import (ld, ld_f16, vadd, vbcast, vbits2, vbyte_pairs, vbytes, vbytes2, vcvt, vdpbusd,
                    vfma, vi8, vi8x4, viadd, viand, vibcast, vimul, vior, vipair8, vishl, vishr,
                    vishrv, visub, vixor, vizero, vloadi, vnibbles2, vpair8, vsum, vzero)
 
 _JIT = dict(cache=True, fastmath=True, nogil=True)
 _EXACT = dict(cache=True, fastmath=False, nogil=True)  # activations rounded as ggml rounds them
+
+# Rows of the registered formats whose length is a multiple of UNIT values take these kernels:
+# the 32-value formats go two blocks at a time, 64 bytes to a vpdpbusd.
+UNIT = 64
+# Catalog geometry through the types' classes, as module-level ints (compile-time constants of
+# the kernels below): the values and bytes each kernel steps by (a pair of 32-value blocks, or
+# one K-quant block), one block's bytes where a dot reads the second block of its pair, and the
+# activations' blocks (Q8_0's for the 32-value formats, Q8_K's for the K-quants).
+Q4_0_VALUES, Q4_0_BYTES = Q4_0.span(UNIT)
+Q4_1_VALUES, Q4_1_BYTES = Q4_1.span(UNIT)
+Q5_0_VALUES, Q5_0_BYTES = Q5_0.span(UNIT)
+Q5_1_VALUES, Q5_1_BYTES = Q5_1.span(UNIT)
+Q8_0_VALUES, Q8_0_BYTES = Q8_0.span(UNIT)
+Q4_K_VALUES, Q4_K_BYTES = Q4_K.span(UNIT)
+Q5_K_VALUES, Q5_K_BYTES = Q5_K.span(UNIT)
+Q6_K_VALUES, Q6_K_BYTES = Q6_K.span(UNIT)
+Q4_0_BLOCK, Q4_1_BLOCK, Q5_0_BLOCK, Q5_1_BLOCK, Q8_0_BLOCK = (
+    q.type_size for q in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+Q8_0_QB, Q8_K_QB = Q8_0.block_size, Q8_K.block_size
 
 
 # ================================================================== activations
@@ -105,7 +139,8 @@ def _row_dot8(w, bo, xq, xo, xd, xsum, xs32, nb, dot, BS, TS):
 
 @njit(inline="always")
 def _matvec8(w, x, out, serial, dot, BS, TS, QB):
-    """out[t, r] = x[t] . W[r], parallel over rows unless `serial` (as matmul_kernels._matvec)"""
+    """out[t, r] = x[t] . W[r], parallel over rows unless `serial` (as matmul_kernels._matvec);
+    steps of BS values in TS bytes, activations quantized in blocks of QB"""
     threads = _serial_begin(serial)
     nrows = w.shape[0]
     rb = w.shape[1]
@@ -163,35 +198,41 @@ def _mins(w, bo, ts, xs32, xo):
 
 @njit(inline="always")
 def _dot8_q4_0(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
-    a0 = _legacy(vnibbles2(w, bo + 2, bo + 20), w, bo, 18, xq, xo, xd, a0)
-    return a1, a0, ms + _offset(w, bo, 18, xs32, xo, 8)
+    ts = Q4_0_BLOCK
+    a0 = _legacy(vnibbles2(w, bo + 2, bo + ts + 2), w, bo, ts, xq, xo, xd, a0)
+    return a1, a0, ms + _offset(w, bo, ts, xs32, xo, 8)
 
 
 @njit(inline="always")
 def _dot8_q4_1(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
-    a0 = _legacy(vnibbles2(w, bo + 4, bo + 24), w, bo, 20, xq, xo, xd, a0)
-    return a1, a0, ms + _mins(w, bo, 20, xs32, xo)
+    ts = Q4_1_BLOCK
+    a0 = _legacy(vnibbles2(w, bo + 4, bo + ts + 4), w, bo, ts, xq, xo, xd, a0)
+    return a1, a0, ms + _mins(w, bo, ts, xs32, xo)
 
 
 @njit(inline="always")
 def _dot8_q5_0(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
-    q = vior(vnibbles2(w, bo + 6, bo + 28), vbits2(w, bo + 2, bo + 24))
-    a0 = _legacy(q, w, bo, 22, xq, xo, xd, a0)
-    return a1, a0, ms + _offset(w, bo, 22, xs32, xo, 16)
+    ts = Q5_0_BLOCK
+    q = vior(vnibbles2(w, bo + 6, bo + ts + 6), vbits2(w, bo + 2, bo + ts + 2))
+    a0 = _legacy(q, w, bo, ts, xq, xo, xd, a0)
+    return a1, a0, ms + _offset(w, bo, ts, xs32, xo, 16)
 
 
 @njit(inline="always")
 def _dot8_q5_1(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
-    q = vior(vnibbles2(w, bo + 8, bo + 32), vbits2(w, bo + 4, bo + 28))
-    a0 = _legacy(q, w, bo, 24, xq, xo, xd, a0)
-    return a1, a0, ms + _mins(w, bo, 24, xs32, xo)
+    ts = Q5_1_BLOCK
+    q = vior(vnibbles2(w, bo + 8, bo + ts + 8), vbits2(w, bo + 4, bo + ts + 4))
+    a0 = _legacy(q, w, bo, ts, xq, xo, xd, a0)
+    return a1, a0, ms + _mins(w, bo, ts, xs32, xo)
 
 
 @njit(inline="always")
 def _dot8_q8_0(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
-    q = vixor(vbytes2(w, bo + 2, bo + 36), vibcast(-0x7F7F7F80))  # 0x80808080: q + 128, unsigned
-    a0 = _legacy(q, w, bo, 34, xq, xo, xd, a0)
-    return a1, a0, ms + _offset(w, bo, 34, xs32, xo, 128)
+    ts = Q8_0_BLOCK
+    # XOR 0x80808080: q + 128, unsigned
+    q = vixor(vbytes2(w, bo + 2, bo + ts + 2), vibcast(-0x7F7F7F80))
+    a0 = _legacy(q, w, bo, ts, xq, xo, xd, a0)
+    return a1, a0, ms + _offset(w, bo, ts, xs32, xo, 128)
 
 
 # ================================================================== 256-value K-quant blocks
@@ -277,102 +318,123 @@ def _dot8_q6_k(w, bo, xq, xo, xd, xsum, xs32, a0, a1, ms):
 
 
 # ================================================================== kernels
-# One pair per format (explicit functions, not a factory, so numba caches each under its name).
-
-@njit(parallel=True, **_JIT)
-def matvec8_q4_0(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q4_0, 64, 36, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q4_0(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_0, 64, 36, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q4_1(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q4_1, 64, 40, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q4_1(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_1, 64, 40, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q5_0(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q5_0, 64, 44, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q5_0(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_0, 64, 44, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q5_1(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q5_1, 64, 48, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q5_1(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_1, 64, 48, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q8_0(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q8_0, 64, 68, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q8_0(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q8_0, 64, 68, 32)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q4_k(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q4_k, 256, 144, 256)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q4_k(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_k, 256, 144, 256)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q5_k(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q5_k, 256, 176, 256)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q5_k(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_k, 256, 176, 256)
-
-
-@njit(parallel=True, **_JIT)
-def matvec8_q6_k(w, x, out, serial):
-    _matvec8(w, x, out, serial, _dot8_q6_k, 256, 210, 256)
-
-
-@njit(parallel=True, **_JIT)
-def matvec_id8_q6_k(w, x, experts, x_rows, out, serial):
-    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q6_k, 256, 210, 256)
-
+# A pair per format, written out (see matmul_kernels on why not a factory), registered against
+# the format's class as its "cpu_int8" kernels.
 
 class Int8Kernels(NamedTuple):
     matvec: object  # (w, x, out, serial), as matmul_kernels' matvec
     matvec_id: object  # (w, x, experts, x_rows, out, serial), as matmul_kernels' matvec_id
 
 
-# Rows of these formats whose length is a multiple of UNIT values take the 8-bit decode kernels.
-UNIT = 64
-KERNELS: dict[str, Int8Kernels] = {
-    "Q4_0": Int8Kernels(matvec8_q4_0, matvec_id8_q4_0),
-    "Q4_1": Int8Kernels(matvec8_q4_1, matvec_id8_q4_1),
-    "Q5_0": Int8Kernels(matvec8_q5_0, matvec_id8_q5_0),
-    "Q5_1": Int8Kernels(matvec8_q5_1, matvec_id8_q5_1),
-    "Q8_0": Int8Kernels(matvec8_q8_0, matvec_id8_q8_0),
-    "Q4_K": Int8Kernels(matvec8_q4_k, matvec_id8_q4_k),
-    "Q5_K": Int8Kernels(matvec8_q5_k, matvec_id8_q5_k),
-    "Q6_K": Int8Kernels(matvec8_q6_k, matvec_id8_q6_k),
-}
+@njit(parallel=True, **_JIT)
+def matvec8_q4_0(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q4_0, Q4_0_VALUES, Q4_0_BYTES, Q8_0_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q4_0(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_0, Q4_0_VALUES, Q4_0_BYTES,
+                Q8_0_QB)
+
+
+Q4_0.register_kernels("cpu_int8", Int8Kernels(matvec8_q4_0, matvec_id8_q4_0))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q4_1(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q4_1, Q4_1_VALUES, Q4_1_BYTES, Q8_0_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q4_1(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_1, Q4_1_VALUES, Q4_1_BYTES,
+                Q8_0_QB)
+
+
+Q4_1.register_kernels("cpu_int8", Int8Kernels(matvec8_q4_1, matvec_id8_q4_1))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q5_0(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q5_0, Q5_0_VALUES, Q5_0_BYTES, Q8_0_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q5_0(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_0, Q5_0_VALUES, Q5_0_BYTES,
+                Q8_0_QB)
+
+
+Q5_0.register_kernels("cpu_int8", Int8Kernels(matvec8_q5_0, matvec_id8_q5_0))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q5_1(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q5_1, Q5_1_VALUES, Q5_1_BYTES, Q8_0_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q5_1(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_1, Q5_1_VALUES, Q5_1_BYTES,
+                Q8_0_QB)
+
+
+Q5_1.register_kernels("cpu_int8", Int8Kernels(matvec8_q5_1, matvec_id8_q5_1))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q8_0(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q8_0, Q8_0_VALUES, Q8_0_BYTES, Q8_0_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q8_0(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q8_0, Q8_0_VALUES, Q8_0_BYTES,
+                Q8_0_QB)
+
+
+Q8_0.register_kernels("cpu_int8", Int8Kernels(matvec8_q8_0, matvec_id8_q8_0))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q4_k(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q4_k, Q4_K_VALUES, Q4_K_BYTES, Q8_K_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q4_k(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q4_k, Q4_K_VALUES, Q4_K_BYTES,
+                Q8_K_QB)
+
+
+Q4_K.register_kernels("cpu_int8", Int8Kernels(matvec8_q4_k, matvec_id8_q4_k))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q5_k(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q5_k, Q5_K_VALUES, Q5_K_BYTES, Q8_K_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q5_k(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q5_k, Q5_K_VALUES, Q5_K_BYTES,
+                Q8_K_QB)
+
+
+Q5_K.register_kernels("cpu_int8", Int8Kernels(matvec8_q5_k, matvec_id8_q5_k))
+
+
+@njit(parallel=True, **_JIT)
+def matvec8_q6_k(w, x, out, serial):
+    _matvec8(w, x, out, serial, _dot8_q6_k, Q6_K_VALUES, Q6_K_BYTES, Q8_K_QB)
+
+
+@njit(parallel=True, **_JIT)
+def matvec_id8_q6_k(w, x, experts, x_rows, out, serial):
+    _matvec_id8(w, x, experts, x_rows, out, serial, _dot8_q6_k, Q6_K_VALUES, Q6_K_BYTES,
+                Q8_K_QB)
+
+
+Q6_K.register_kernels("cpu_int8", Int8Kernels(matvec8_q6_k, matvec_id8_q6_k))
+
+KERNELS = kernels_of("cpu_int8")

@@ -15,10 +15,12 @@ where the float32 tiles take 32 fused multiply-adds.
 Every token is computed on its own, by the same operations in the same order whatever the tile
 or the other tokens (integer sums are exact and the float steps are not reassociated): a token's
 result does not depend on its company, so the scheduler can batch any requests without changing
-what any of them samples (the discontinuity of 8-bit activations that `matmul.int8_decode` guards
-against is then the same in every batch).
+what any of them samples (the discontinuity of 8-bit activations that `matmul_int8` explains is
+then the same in every batch).
 
-Formats (rows a multiple of 32 values, a multiple of 16 rows): Q4_0, Q4_1, Q8_0. Per group of 16
+Formats (rows a multiple of 32 values, a multiple of 16 rows): Q4_0, Q4_1, Q8_0, each registered
+against its class as its "cpu_packed" kernels (`PackedFormat`: what to pack, and its kernel; the
+block's bytes come from the class). Per group of 16
 rows and block b the packed bytes are: the quantized values as 16-lane vectors (Q4_*: 4 vectors
 of 64 bytes, lane i = bytes 4p..4p+3 of row i's qs, low nibbles values 4p.., high nibbles
 16 + 4p..; Q8_0: 8 vectors, lane i = values 4j..4j+3 of row i, sign bit flipped to unsigned),
@@ -33,18 +35,19 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
+from ..quants import get_quant_type, kernels_of
+from ..quants.legacy import Q4_0, Q4_1, Q8_0
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
 from .simd import (ld, ld_u32, prefetch_stream, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand,
                    vibcast, vishr, vizero, vmul, vstore, vzero)
 
 GROUP = 16  # rows interleaved, one per lane
-QK = 32  # values per block (all three formats)
+QK = Q8_0.block_size  # values per block: the activations' (Q8_0) and every packed format's
 PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
 # how far ahead of the block in use the weights are asked for, non-temporally: a step reads each
-# weight once, and the hint keeps them from evicting the KV cache and activations from L2/L3 (in
-# one process, steps of eight SmolLM2 sequences 3-12 % faster, of one unchanged; a plain
-# prefetch, or none, leaves the hardware prefetchers' copies in every cache level)
+# weight once, and the hint keeps them from evicting the KV cache and activations from L2/L3 (a
+# plain prefetch, or none, leaves the hardware prefetchers' copies in every cache level)
 STREAM_AHEAD = 2048
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
 
@@ -93,18 +96,19 @@ def _put_halves(dst, halves):
         halves.reshape(n_groups, GROUP, nb, 2).transpose(0, 2, 1, 3)
 
 
-# per format: block bytes, then (first byte, bytes) of what is packed, in order: the quantized
-# values (XORed with the last item's value when it is not 0), d, m
-_LAYOUTS = {
-    "Q4_0": (18, ((2, 16), (0, 2)), 0),
-    "Q4_1": (20, ((4, 16), (0, 2), (2, 2)), 0),
-    "Q8_0": (34, ((2, 32), (0, 2)), 0x80),  # signed values flipped to unsigned (q + 128)
-}
+class PackedFormat(NamedTuple):
+    """How a format is packed and multiplied, registered against its class as its "cpu_packed"
+    kernels: (first byte, bytes) within a block of what is packed, in order (the quantized
+    values, d, then m where the format has one), the byte XORed into the quantized values (0:
+    none) and the kernel below."""
+    parts: tuple[tuple[int, int], ...]
+    xor: int
+    kernel: object  # kernel(wp, parts, x, out, serial)
 
 
 def packs(type_name: str, n_out: int, n_in: int) -> bool:
     """Whether `pack` takes a matrix of this format and shape."""
-    return type_name in _LAYOUTS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
+    return type_name in KERNELS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
 
 
 def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
@@ -112,7 +116,8 @@ def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
     written straight into the packed array (no temporary copies of the matrix), PACK_CHUNK bytes
     of rows at a time; release(rows) after each chunk is packed lets the caller drop the
     source's pages as it goes (a 262,144-token LM head would otherwise be resident twice)."""
-    type_size, parts, xor = _LAYOUTS[type_name]
+    parts, xor, _ = KERNELS[type_name]
+    type_size = get_quant_type(type_name).type_size
     n_out, row_bytes = weight.shape
     nb = row_bytes // type_size
     if not packs(type_name, n_out, nb * QK) or row_bytes % type_size:
@@ -304,7 +309,11 @@ def matmul_q8_0(wp, parts, x, out, serial):
     _matmul(wp, parts, x, out, serial, _block_q8_0)
 
 
-KERNELS = {"Q4_0": matmul_q4_0, "Q4_1": matmul_q4_1, "Q8_0": matmul_q8_0}
+Q4_0.register_kernels("cpu_packed", PackedFormat(((2, 16), (0, 2)), 0, matmul_q4_0))
+Q4_1.register_kernels("cpu_packed", PackedFormat(((4, 16), (0, 2), (2, 2)), 0, matmul_q4_1))
+# signed values flipped to unsigned (q + 128)
+Q8_0.register_kernels("cpu_packed", PackedFormat(((2, 32), (0, 2)), 0x80, matmul_q8_0))
+KERNELS = kernels_of("cpu_packed")
 
 
 def matmul(packed: PackedWeight, x: np.ndarray, serial: bool) -> list[np.ndarray]:
@@ -313,7 +322,7 @@ def matmul(packed: PackedWeight, x: np.ndarray, serial: bool) -> list[np.ndarray
     n = x.shape[0]
     out = np.empty(n * packed.n_out, np.float32)
     if n:
-        KERNELS[packed.type_name](packed.data, packed.parts, x, out, serial)
+        KERNELS[packed.type_name].kernel(packed.data, packed.parts, x, out, serial)
     if len(packed.parts) == 2:
         return [out.reshape(n, packed.n_out)]
     bounds = packed.parts.tolist()

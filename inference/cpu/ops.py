@@ -36,9 +36,11 @@ import numpy as np
 
 from ..rope import RopeSpec
 
+from ..quants.base import F16_TO_F32
 from ..quants.fp16 import f32_to_f16_bits as _f32_to_f16_bits
 from ..quants.fp16 import (GELU_COEF_A, GELU_F16_TABLE, GELU_SQRT_2_OVER_PI, HAS_HW_FP16,
                            bits_f32, f32_bits, fp32_to_fp16, fp32_to_fp16_hw)
+from ..quants.legacy import Q8_0
 from .matmul import PARALLEL_MIN_VALUES
 from .simd import (threads_get, threads_set)
 
@@ -392,9 +394,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- f16 / Q8_0 rows
-
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
-    np.float32)
+# F16_TO_F32 (imported above) is inference/quants' table, the engine's one.
 
 
 @numba.njit(cache=True, nogil=True)
@@ -418,17 +418,18 @@ def f32_to_f16_bits(x: np.ndarray) -> np.ndarray:
     return _f32_to_f16_bits(np.asarray(x, dtype=np.float32))
 
 
-QK8_0 = 32
-Q8_0_BLOCK_BYTES = 34
+# Q8_0's values and bytes per block (its class's catalog geometry; compile-time constants of the
+# kernels below)
+QK8_0, Q8_0_BLOCK_BYTES = Q8_0.block_size, Q8_0.type_size
 
 
 def quantize_q8_0_rows(x: np.ndarray) -> np.ndarray:
-    """float32 (rows, d) -> Q8_0 bytes (rows, d/32*34), as ggml's quantize_row_q8_0_ref:
+    """float32 (rows, d) -> Q8_0 bytes (rows, d / QK8_0 * Q8_0_BLOCK_BYTES), as ggml's quantize_row_q8_0_ref:
     d = amax/127 stored as fp16, q = roundf(x * (1/d)) with the float32 d."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     rows, d = x.shape
     if d % QK8_0:
-        raise ValueError(f"Q8_0: a row of {d} values is not a whole number of 32-blocks")
+        raise ValueError(f"Q8_0: a row of {d} values is not a whole number of {QK8_0}-blocks")
     nb = d // QK8_0
     xb = x.reshape(rows, nb, QK8_0)
     amax = np.abs(xb).max(axis=2)
@@ -446,20 +447,20 @@ def quantize_q8_0_rows(x: np.ndarray) -> np.ndarray:
 @numba.njit(cache=True, nogil=True)
 def _dequantize_q8_0(raw, lut, out):
     n, d = out.shape
-    nb = d // 32
+    nb = d // QK8_0
     for r in range(n):
         for b in range(nb):
-            o = b * 34
+            o = b * Q8_0_BLOCK_BYTES
             scale = lut[np.uint16(raw[r, o]) | (np.uint16(raw[r, o + 1]) << np.uint16(8))]
-            for j in range(32):
+            for j in range(QK8_0):
                 q = np.int32(raw[r, o + 2 + j])
                 if q >= 128:
                     q -= 256
-                out[r, b * 32 + j] = np.float32(q) * scale
+                out[r, b * QK8_0 + j] = np.float32(q) * scale
 
 
 def dequantize_q8_0_rows(raw: np.ndarray, d: int) -> np.ndarray:
-    """Q8_0 bytes (rows, d/32*34) -> float32 (rows, d)."""
+    """Q8_0 bytes (rows, d / QK8_0 * Q8_0_BLOCK_BYTES) -> float32 (rows, d)."""
     out = np.empty((raw.shape[0], d), np.float32)
     if raw.shape[0]:
         _dequantize_q8_0(raw, F16_TO_F32, out)

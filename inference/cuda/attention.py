@@ -1,16 +1,18 @@
 """Softmax attention over the device KV cache (f32, f16 or q8_0 rows), for decoding.
 
-    attention(q, k, v, k_type, v_type, n_head_kv, cells, tokens, n_swa, scale, out)
+    attention(q, DeviceKV(k_rows, "f16", n_head_kv, d_k), DeviceKV(v_rows, "f16", n_head_kv, d_v),
+              CellMask(cell_pos, cell_seq, tok_pos, tok_seq, n_swa), scale, out)
 
-computes what `cpu.attention.attention` computes with the mask of `cpu.attention.build_kq_mask`: token t's query
-head h attends the cells j < n_kv that hold a position of the token's sequence not after its
-own (and, with a sliding window n_swa > 0, less than n_swa before it), through KV head
-h // (n_head / n_head_kv). The mask is built in the kernel from the cells' positions and
-sequences, so nothing of size n_tok x n_kv is uploaded per step. The number of cells n_kv is
-read from device memory, not passed as a launch argument, so that a CUDA graph captured once
-serves every later step (llama.cpp updates its graphs' kernel parameters instead). softcap > 0
-soft-caps each score q·k to tanh(q·k / softcap) · softcap before the scale (Gemma 2's attention
-logit soft-capping, as ggml's flash-attention kernels take it).
+computes what `cpu.attention.attention` computes with the mask of
+`cpu.attention.build_kq_mask`: token t's query head h attends the cells j < n_kv that hold a
+position of the token's sequence not after its own (and, with a sliding window n_swa > 0, less
+than n_swa before it), through KV head h // (n_head / n_head_kv). The mask is built in the
+kernel from the cells' positions and sequences, so nothing of size n_tok x n_kv is uploaded per
+step. The number of cells n_kv is read from device memory, not passed as a launch argument, so
+that a CUDA graph captured once serves every later step (llama.cpp updates its graphs' kernel
+parameters instead). softcap > 0 soft-caps each score q·k to tanh(q·k / softcap) · softcap
+before the scale (Gemma 2's attention logit soft-capping, as ggml's flash-attention kernels take
+it).
 
 One thread block per (query head, token), as ggml's flash_attn_ext_vec (ggml-cuda/fattn-vec.cuh)
 does for decoding: the cells go by in tiles of one cell per thread. A thread computes its
@@ -23,11 +25,13 @@ CPU kernels skip them. float32 throughout: equal to the CPU up to float32 roundi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, types
 
 from .dequant import CHUNK, DEVICE_TYPES
+from .kv import Q8_0_BLOCK_BYTES, QK8_0
 from .device import (NEG_INF, ONE, SIMULATED, ZERO, bits_f32, block_max, block_sum, device_function,
                      half_at, i8_at, u32_at)
 
@@ -51,9 +55,9 @@ def f16_value(a, row, col):
 
 @device_function
 def q8_0_value(a, row, col):
-    """Value `col` of a Q8_0 row: q * d of its 32-value block (cpu.ops.dequantize_q8_0_rows)."""
-    offset = 34 * (col // 32)
-    return np.float32(i8_at(a, row, offset + 2 + col % 32)) * half_at(a, row, offset)
+    """Value `col` of a Q8_0 row: q * d of its block (cpu.ops.dequantize_q8_0_rows)."""
+    offset = Q8_0_BLOCK_BYTES * (col // QK8_0)
+    return np.float32(i8_at(a, row, offset + 2 + col % QK8_0)) * half_at(a, row, offset)
 
 
 _VALUE_READERS = {"f32": f32_value, "f16": f16_value, "q8_0": q8_0_value}
@@ -158,32 +162,59 @@ def kv_row_bytes(cache_type: str, n_values: int) -> int:
     return dt.row_bytes(n_values) if n_values % dt.block_values == 0 else -1
 
 
-def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_seq, tok_pos,
-              tok_seq, n_swa: int, scale: float, out, n_kv=None, stream=0,
-              softcap: float = 0.0):
-    """softmax(q·kᵀ·scale + mask)·v over cells [0, n_kv) into out.
+class DeviceKV:
+    """One layer's K or V rows as attention reads them: the cache's bytes, uint8 (n_cells,
+    row_bytes), of storage type `type` ('f32', 'f16', 'q8_0'), n_head heads of head_dim values
+    per cell."""
 
-    q: float32 (n_tok, n_head, d_k); k, v: the cache's rows as bytes, uint8 (n_cells, row_bytes)
-    of type k_type / v_type ('f32', 'f16', 'q8_0'; a numpy view `.view(np.uint8)` of the CPU
-    cache's arrays); cell_pos int32 (n_cells,) (-1 = empty), cell_seq bool (n_cells, n_seq);
-    tok_pos, tok_seq integer (n_tok,); n_kv: the cells to look at, an int (None: all), or an
-    int32 device array of one value (then at most n_cells, not checked here: it stays on the
-    device); out: float32 (n_tok, n_head, d_v), written. Returns out.
+    __slots__ = ("data", "type", "n_head", "head_dim")
+
+    def __init__(self, data, type_name, n_head, head_dim):
+        self.data, self.type, self.n_head, self.head_dim = data, type_name, n_head, head_dim
+
+
+@dataclass(frozen=True)
+class CellMask:
+    """What the kernel builds each token's mask from (cpu.attention.build_kq_mask's inputs, as
+    device arrays): cell_pos int32 (n_cells,) (-1 = empty), cell_seq bool (n_cells, n_seq);
+    tok_pos, tok_seq integer (n_tok,); n_swa: the sliding window (0: none); n_kv: the cells to
+    look at, an int (None: all), or an int32 device array of one value (then at most n_cells,
+    not checked here: it stays on the device, so a captured CUDA graph reads each step's)."""
+    cell_pos: object
+    cell_seq: object
+    tok_pos: object
+    tok_seq: object
+    n_swa: int = 0
+    n_kv: object = None
+
+
+def attention(q, k: DeviceKV, v: DeviceKV, mask: CellMask, scale: float, out, stream=0,
+              softcap: float = 0.0):
+    """softmax(q·kᵀ·scale + mask)·v over the mask's cells [0, n_kv) into out.
+
+    q: float32 (n_tok, n_head, d_k); k, v: the cache's rows (DeviceKV; on the CPU's cache a
+    numpy view `.view(np.uint8)` of its arrays), both of n_head_kv heads; out: float32 (n_tok,
+    n_head, d_v), written. Returns out.
     """
     n_tok, n_head, d_k = q.shape
     d_v = out.shape[2]
-    n_kv_buf = None
+    n_head_kv = k.n_head
+    cell_pos, cell_seq, tok_pos, tok_seq = mask.cell_pos, mask.cell_seq, mask.tok_pos, mask.tok_seq
+    n_kv, n_kv_buf = mask.n_kv, None
     if n_kv is not None and not isinstance(n_kv, (int, np.integer)):
         n_kv_buf, n_kv = n_kv, 0
     n_kv = int(cell_pos.shape[0] if n_kv is None else n_kv)
     if q.dtype != np.float32 or out.dtype != np.float32:
         raise ValueError(f"attention: q and out must be float32, got {q.dtype}, {out.dtype}")
+    if v.n_head != n_head_kv:
+        raise ValueError(f"attention: K has {n_head_kv} heads, V {v.n_head}")
     if n_head_kv <= 0 or n_head % n_head_kv:
         raise ValueError(f"attention: {n_head} query heads over {n_head_kv} KV heads")
     if d_k % CHUNK or d_k > MAX_HEAD_DIM or d_v > MAX_HEAD_DIM:
         raise ValueError(f"attention: head sizes {d_k}/{d_v}: K's must be a multiple of {CHUNK}, "
                          f"both at most {MAX_HEAD_DIM}")
-    for label, a, type_name, d in (("k", k, k_type, d_k), ("v", v, v_type, d_v)):
+    for label, rows, d in (("k", k, d_k), ("v", v, d_v)):
+        a, type_name = rows.data, rows.type
         row_bytes = kv_row_bytes(type_name, n_head_kv * d) if type_name in KV_TYPES else None
         if a.dtype != np.uint8 or len(a.shape) != 2 or a.shape[1] != row_bytes \
                 or a.shape[0] < n_kv:
@@ -199,7 +230,7 @@ def attention(q, k, v, k_type: str, v_type: str, n_head_kv: int, cell_pos, cell_
             return out
         n_kv_buf = np.array([n_kv], np.int32)
     if n_tok:
-        attention_kernel(k_type, v_type)[(n_head, n_tok), TILE, stream](
-            q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(n_swa), n_kv_buf,
-            np.float32(scale), np.float32(softcap), out)
+        attention_kernel(k.type, v.type)[(n_head, n_tok), TILE, stream](
+            q, k.data, v.data, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(mask.n_swa),
+            n_kv_buf, np.float32(scale), np.float32(softcap), out)
     return out

@@ -13,6 +13,10 @@ The float32 arithmetic is ggml's dequantize_row_* (and inference/quants) in the 
 describes them. ggml's CUDA counterparts are the dequantize_* device functions of
 ggml-cuda/dequantize.cuh and the dequantize_block_* kernels of ggml-cuda/convert.cu.
 
+Each decoder registers against its type's class (`@decoder(Q4_0)`, see inference/quants) as
+its "cuda" kernels; DEVICE_TYPES is derived from those registrations. Adding a type: its decoder,
+under `@decoder(<its class>)`.
+
 `dequantize_rows` (rows picked by id, to float32 or float16) serves both the embedding lookup
 (ggml-cuda/getrows.cu) and the fp16 weight tiles that cuBLAS multiplies for prompts.
 """
@@ -23,28 +27,60 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, types
 
-from ..catalog import GGML_TYPES
+from ..quants import kernels_of
 from ..quants.base import IQ4_LEVELS
+from ..quants.floats import BF16, F16, F32
+from ..quants.iquants import IQ4_NL, IQ4_XS
+from ..quants.kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+from ..quants.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from .device import bits_f32, device_function, half_at, i8_at, mul_rn, u16_at, u32_at
 
 CHUNK = 16  # values decoded at a time
 
 
+@dataclass(frozen=True)
+class DeviceType:
+    """How the kernels read one weight type: its 16-value decoder and the block it walks by."""
+    name: str
+    decoder: object  # a device function (w, row, offset, chunk, vals)
+    block_values: int
+    block_bytes: int
+
+    @property
+    def chunks_per_block(self) -> int:
+        return self.block_values // CHUNK
+
+    def row_bytes(self, n_values: int) -> int:
+        return n_values // self.block_values * self.block_bytes
+
+
+def decoder(quant):
+    """Registers the device function below it as `quant`'s "cuda" kernels: a DeviceType walking
+    the type's blocks (16-value runs of the float types), geometry from the type's class."""
+    def register(fn):
+        quant.register_kernels("cuda", DeviceType(quant.name, fn, *quant.span(CHUNK)))
+        return fn
+    return register
+
+
 # ----------------------------------------------------------------------------- float types
 
 
+@decoder(F32)
 @device_function
 def f32(w, row, offset, chunk, vals):
     for t in range(CHUNK):
         vals[t] = bits_f32(u32_at(w, row, offset + 4 * t))
 
 
+@decoder(F16)
 @device_function
 def f16(w, row, offset, chunk, vals):
     for t in range(CHUNK):
         vals[t] = half_at(w, row, offset + 2 * t)
 
 
+@decoder(BF16)
 @device_function
 def bf16(w, row, offset, chunk, vals):
     # bfloat16 is the top half of a float32 (convert.cu's bf16 -> float)
@@ -55,6 +91,7 @@ def bf16(w, row, offset, chunk, vals):
 # ----------------------------------------------------------------------------- legacy 32-blocks
 
 
+@decoder(Q4_0)
 @device_function
 def q4_0(w, row, offset, chunk, vals):
     """dequantize_q4_0: d fp16, qs[16]; y = d * (nibble - 8); chunk 0 = low nibbles."""
@@ -73,6 +110,7 @@ def scaled_plus_min(d, q, m):
     return p if p != p else p + m
 
 
+@decoder(Q4_1)
 @device_function
 def q4_1(w, row, offset, chunk, vals):
     """dequantize_q4_1: d fp16, m fp16, qs[16]; y = d * nibble + m."""
@@ -83,6 +121,7 @@ def q4_1(w, row, offset, chunk, vals):
         vals[t] = scaled_plus_min(d, (np.int32(w[row, offset + 4 + t]) >> shift) & 0xF, m)
 
 
+@decoder(Q5_0)
 @device_function
 def q5_0(w, row, offset, chunk, vals):
     """dequantize_q5_0: d fp16, qh u32 (bit j = fifth bit of value j), qs[16];
@@ -96,6 +135,7 @@ def q5_0(w, row, offset, chunk, vals):
         vals[t] = d * np.float32(q - 16)
 
 
+@decoder(Q5_1)
 @device_function
 def q5_1(w, row, offset, chunk, vals):
     """dequantize_q5_1: d fp16, m fp16, qh u32, qs[16]; y = d * q + m."""
@@ -109,6 +149,7 @@ def q5_1(w, row, offset, chunk, vals):
         vals[t] = scaled_plus_min(d, q, m)
 
 
+@decoder(Q8_0)
 @device_function
 def q8_0(w, row, offset, chunk, vals):
     """dequantize_q8_0: d fp16, qs[32] int8; y = q * d."""
@@ -118,6 +159,7 @@ def q8_0(w, row, offset, chunk, vals):
         vals[t] = np.float32(i8_at(w, row, base + t)) * d
 
 
+@decoder(IQ4_NL)
 @device_function
 def iq4_nl(w, row, offset, chunk, vals):
     """dequantize_iq4_nl: laid out as Q4_0; y = d * kvalues_iq4nl[nibble]."""
@@ -130,6 +172,7 @@ def iq4_nl(w, row, offset, chunk, vals):
 # ----------------------------------------------------------------------------- K-quants
 
 
+@decoder(Q2_K)
 @device_function
 def q2_k(w, row, offset, s, vals):
     """dequantize_block_q2_K, sub-block s: scales[16] (low nibble scale, high nibble min),
@@ -157,6 +200,7 @@ def q3_k_scale(w, row, offset, k):
     return (low | (high << 4)) - 32
 
 
+@decoder(Q3_K)
 @device_function
 def q3_k(w, row, offset, s, vals):
     """dequantize_block_q3_K, sub-block s: hmask[32], qs[64], scales[12], d;
@@ -186,6 +230,7 @@ def k_scale_min(w, row, offset, sb):
     return sc, mn
 
 
+@decoder(Q4_K)
 @device_function
 def q4_k(w, row, offset, chunk, vals):
     """dequantize_block_q4_K, half `chunk % 2` of sub-block chunk // 2: d, dmin, scales[12],
@@ -203,6 +248,7 @@ def q4_k(w, row, offset, chunk, vals):
         vals[t] = mul_rn(dl, np.float32(q)) - ml
 
 
+@decoder(Q5_K)
 @device_function
 def q5_k(w, row, offset, chunk, vals):
     """dequantize_block_q5_K: as Q4_K, with qh[32] holding the fifth bits (bit sb of qh[l])."""
@@ -221,6 +267,7 @@ def q5_k(w, row, offset, chunk, vals):
         vals[t] = mul_rn(dl, np.float32(q)) - ml
 
 
+@decoder(Q6_K)
 @device_function
 def q6_k(w, row, offset, s, vals):
     """dequantize_block_q6_K, sub-block s: ql[128] (low 4 bits), qh[64] (high 2 bits),
@@ -239,6 +286,7 @@ def q6_k(w, row, offset, s, vals):
         vals[t] = dl * np.float32((lo | (hi << 4)) - 32)
 
 
+@decoder(IQ4_XS)
 @device_function
 def iq4_xs(w, row, offset, chunk, vals):
     """dequantize_block_iq4_xs, half `chunk % 2` of sub-block chunk // 2: d, scales_h u16,
@@ -257,38 +305,8 @@ def iq4_xs(w, row, offset, chunk, vals):
 
 # ----------------------------------------------------------------------------- the registry
 
-
-@dataclass(frozen=True)
-class DeviceType:
-    """How the kernels read one weight type: its 16-value decoder and the block it walks by."""
-    name: str
-    decoder: object  # a device function (w, row, offset, chunk, vals)
-    block_values: int
-    block_bytes: int
-
-    @property
-    def chunks_per_block(self) -> int:
-        return self.block_values // CHUNK
-
-    def row_bytes(self, n_values: int) -> int:
-        return n_values // self.block_values * self.block_bytes
-
-
-def _quantized(name: str, decoder) -> DeviceType:
-    geometry = GGML_TYPES[name]
-    return DeviceType(name, decoder, geometry.block_size, geometry.type_size)
-
-
-DEVICE_TYPES: dict[str, DeviceType] = {t.name: t for t in (
-    DeviceType("F32", f32, CHUNK, 4 * CHUNK),
-    DeviceType("F16", f16, CHUNK, 2 * CHUNK),
-    DeviceType("BF16", bf16, CHUNK, 2 * CHUNK),
-    _quantized("Q4_0", q4_0), _quantized("Q4_1", q4_1), _quantized("Q5_0", q5_0),
-    _quantized("Q5_1", q5_1), _quantized("Q8_0", q8_0),
-    _quantized("Q2_K", q2_k), _quantized("Q3_K", q3_k), _quantized("Q4_K", q4_k),
-    _quantized("Q5_K", q5_k), _quantized("Q6_K", q6_k),
-    _quantized("IQ4_NL", iq4_nl), _quantized("IQ4_XS", iq4_xs),
-)}
+# type name -> DeviceType: every type whose decoder registered above
+DEVICE_TYPES: dict[str, DeviceType] = kernels_of("cuda")
 
 
 class UnsupportedDeviceTypeError(ValueError):

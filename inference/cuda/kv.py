@@ -1,15 +1,16 @@
 """Writing K and V rows into the device KV cache, in the cache's storage type.
 
 `write_rows(type, x, cells, data)` stores row i of x (float32, (n, row)) at cell cells[i] of the
-cache rows `data`, converted as the CPU cache converts on write (kv_cache.HostKVStore.write):
+cache rows `data`, converted as the CPU cache converts on write (cpu.backend.HostKVStore.write):
 
 - ``f32``: the values (data float32 (n_cells, row));
 - ``f16``: fp16 bits rounded to nearest even (data uint16), ggml's GGML_FP32_TO_FP16;
-- ``q8_0``: Q8_0 blocks (data uint8 (n_cells, row/32*34)) as ggml's quantize_row_q8_0_ref:
+- ``q8_0``: Q8_0 blocks (data uint8 (n_cells, row / QK8_0 * Q8_0_BLOCK_BYTES), the geometry of
+  quants.legacy.Q8_0) as ggml's quantize_row_q8_0_ref:
   d = amax / 127 stored as fp16, q = roundf(x * (1/d)) with the float32 d
   (ggml-cuda/cpy.cu's cpy_blck_f32_q8_0 computes the same).
 
-One thread per value (f32, f16) or per 32-value block (q8_0); the cell indices are a device
+One thread per value (f32, f16) or per QK8_0-value block (q8_0); the cell indices are a device
 array, so a decode step captured in a CUDA graph writes wherever that array says on replay.
 Bit for bit the CPU's rows.
 """
@@ -20,10 +21,12 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..quants.legacy import Q8_0
 from .device import ZERO, f32_to_half_bits
 
-QK8_0 = 32
-Q8_0_BLOCK_BYTES = 34
+# Q8_0's values and bytes per block (its class's catalog geometry; compile-time constants of the
+# kernels below)
+QK8_0, Q8_0_BLOCK_BYTES = Q8_0.block_size, Q8_0.type_size
 THREADS = 128
 _Q8_MAX = np.float32(127.0)
 _ONE = np.float32(1.0)

@@ -1,28 +1,47 @@
-"""Dequantization of ggml tensor types to float32, bit for bit what gguf-py and ggml compute.
+"""ggml's tensor types, one class per type (as gguf-py's quants.py): dequantization bit for bit what
+gguf-py and ggml compute, quantization byte for byte what ggml_quantize_chunk writes, and the
+backends' kernels registered against each type.
 
-    dequantize("Q4_K", raw_bytes, n_elements)  -> float32 vector of n_elements
-    dequantize_rows("Q8_0", raw_rows, row_length) -> float32 (..., row_length)
+    dequantize("Q4_K", raw_bytes, n_elements)      -> float32 vector of n_elements
+    dequantize_rows("Q8_0", raw_rows, row_length)  -> float32 (..., row_length)
+    quantize("Q4_K", rows_f32, imatrix=None)       -> uint8 (n_rows, row_bytes)
     get_quant_type("Q6_K").dequantize_blocks(blocks)  # (n, type_size) -> (n, block_size)
+    kernels_of("cuda")                             -> {type name: that backend's kernels}
 
-Every type of `GGML_TYPES` that has no dequantizer here raises `UnsupportedTypeError`.
+Every module of this package is imported here, so a type's file is all it takes to add it: the
+class registers itself in QUANT_TYPES (base.QuantType); the catalog line of its geometry already
+exists. Every type of `GGML_TYPES` without a class here raises `UnsupportedTypeError`.
+
+Modules: `base` (the class every type derives from), `floats`, `legacy`, `kquants`, `iquants`
+(the types, with their dequantization kernels), `*_quantize` (their ggml quantize_row_* kernels),
+`numeric` and `search` (ggml's float32 rounding and scale searches), `fp16` (fp16 conversions).
+Numba's on-disk cache (cache=True) checks each kernel's own file only: after editing `numeric.py`,
+`search.py` or `fp16.py`, touch the modules that use them (or clear __pycache__).
 """
+import importlib
+import pkgutil
+
 import numpy as np
 
 from ..catalog import GGML_TYPES
-from .base import QuantType
-from .floats import BF16, F16, F32
-from .iquants import IQ4_NL, IQ4_XS
-from .kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K
-from .legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .base import QUANT_TYPES, QuantType
 
-# The one registry: ggml type name -> dequantizer class.
-QUANT_TYPES: dict[str, type[QuantType]] = {cls.name: cls for cls in (
-    F32, F16, BF16,
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
-    IQ4_NL, IQ4_XS,
-)}
+
+def _load_types() -> None:
+    """Import every module of the package (each type's class registers itself on definition),
+    then put QUANT_TYPES in ggml's order (by type id)."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    for name in sorted(QUANT_TYPES, key=lambda name: GGML_TYPES[name].id):
+        QUANT_TYPES[name] = QUANT_TYPES.pop(name)
+
+
+_load_types()
+
 SUPPORTED_TYPES: tuple[str, ...] = tuple(QUANT_TYPES)
+# The types `quantize` writes.
+QUANTIZERS: dict[str, type[QuantType]] = {
+    name: qt for name, qt in QUANT_TYPES.items() if qt.row_kernel is not None}
 
 
 class UnsupportedTypeError(ValueError):
@@ -41,11 +60,17 @@ class UnsupportedTypeError(ValueError):
 
 
 def get_quant_type(type_name: str) -> type[QuantType]:
-    """The dequantizer for `type_name` (with `.block_size`, `.type_size`, `.dequantize_blocks`)."""
+    """The class of `type_name` (with `.block_size`, `.type_size`, `.dequantize_blocks`...)."""
     try:
         return QUANT_TYPES[type_name]
     except (KeyError, TypeError):
         raise UnsupportedTypeError(type_name) from None
+
+
+def kernels_of(backend: str) -> dict[str, object]:
+    """Type name -> `backend`'s kernels, for every type the backend registered (in ggml's order;
+    complete once the backend's kernel modules are imported)."""
+    return {name: qt.kernels[backend] for name, qt in QUANT_TYPES.items() if backend in qt.kernels}
 
 
 def _bytes_of(raw: np.ndarray) -> np.ndarray:
@@ -115,5 +140,35 @@ def dequantize_rows(type_name: str, raw: np.ndarray, row_length: int,
     return out if out is not None else result.reshape(shape)
 
 
-__all__ = ["QUANT_TYPES", "SUPPORTED_TYPES", "QuantType", "UnsupportedTypeError", "dequantize",
-           "dequantize_rows", "get_quant_type"]
+def quantize(type_name: str, rows_f32: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """Quantize `rows_f32` (n_rows, n_cols) to ggml type `type_name`, byte for byte as ggml's
+    ggml_quantize_chunk does; returns uint8 (n_rows, row_bytes).
+
+    `imatrix` (n_cols,) holds per-column importance weights (llama-imatrix's averages); the types
+    that take one use ggml's importance-weighted paths, F16, BF16 and Q8_0 ignore it.
+    """
+    qt = QUANTIZERS.get(type_name)
+    if qt is None:
+        raise ValueError(f"cannot quantize to {type_name!r}: supported types are "
+                         f"{', '.join(QUANTIZERS)}")
+    rows = np.asarray(rows_f32)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be a 2-D array (n_rows, n_cols), got shape {rows.shape}")
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    n_rows, n_cols = rows.shape
+    if n_cols % qt.block_size:
+        raise ValueError(f"{type_name} quantizes blocks of {qt.block_size} values: a row of "
+                         f"{n_cols} is not a multiple of {qt.block_size}")
+    if imatrix is not None:
+        imatrix = np.ascontiguousarray(imatrix, dtype=np.float32)
+        if imatrix.shape != (n_cols,):
+            raise ValueError(f"imatrix must have shape ({n_cols},) to match the rows, got "
+                             f"{imatrix.shape}")
+    out = np.empty((n_rows, n_cols // qt.block_size * qt.type_size), dtype=np.uint8)
+    if n_rows and n_cols:
+        qt.quantize_rows(rows, imatrix, out)
+    return out
+
+
+__all__ = ["QUANT_TYPES", "QUANTIZERS", "SUPPORTED_TYPES", "QuantType", "UnsupportedTypeError",
+           "dequantize", "dequantize_rows", "get_quant_type", "kernels_of", "quantize"]

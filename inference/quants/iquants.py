@@ -1,4 +1,5 @@
-"""IQ4_NL and IQ4_XS: 4-bit indices into ggml's 16 non-linear levels (`kvalues_iq4nl`).
+"""IQ4_NL and IQ4_XS: 4-bit indices into ggml's 16 non-linear levels (`kvalues_iq4nl`): their
+classes, dequantization kernels here, row quantizers in `iquants_quantize`.
 
 IQ4_NL: blocks of 32 laid out like Q4_0 (d fp16, qs[16]); y = d * level[nibble].
 IQ4_XS: super-blocks of 256: d fp16, scales_h u16, scales_l[4], qs[128]; sub-block ib (32 elements)
@@ -8,6 +9,7 @@ its element 16*k + m is nibble k of qs[16*ib + m]; y = (d * scale) * level[nibbl
 import numpy as np
 from numba import njit, prange
 
+from . import iquants_quantize as rows
 from .base import F16_TO_F32, IQ4_LEVELS, QuantType
 from .legacy import half_at
 
@@ -40,12 +42,16 @@ def iq4_xs(blocks, table, levels, out):
 
 
 class IQ4_NL(QuantType):
+    row_kernel = staticmethod(rows.iq4_nl_rows)
+
     @staticmethod
     def run(blocks, out):
         iq4_nl(blocks, F16_TO_F32, IQ4_LEVELS, out)
 
 
 class IQ4_XS(QuantType):
+    row_kernel = staticmethod(rows.iq4_xs_rows)
+
     @staticmethod
     def run(blocks, out):
         iq4_xs(blocks, F16_TO_F32, IQ4_LEVELS, out)

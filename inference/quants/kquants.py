@@ -1,4 +1,6 @@
-"""K-quants: 256-element super-blocks of 16 or 8 sub-blocks (ggml-common.h layouts).
+"""K-quants: 256-element super-blocks of 16 or 8 sub-blocks (ggml-common.h layouts): their
+classes, dequantization kernels here, row quantizers in `kquants_quantize` (Q8_K has none: ggml
+makes it only from activations).
 
 Bit layouts, for element e of a super-block:
   Q2_K  2-bit q: byte 32*(e//128) + e%32 of qs, bits 2*((e%128)//32); sub-block e//16.
@@ -14,6 +16,7 @@ Inner loops run to a length taken from `out.shape[1]` so that LLVM vectorizes th
 import numpy as np
 from numba import njit, prange
 
+from . import kquants_quantize as rows
 from .base import F16_TO_F32, QuantType
 from .legacy import half_at
 
@@ -157,22 +160,27 @@ class _KQuant(QuantType):
 
 class Q2_K(_KQuant):
     kernel = staticmethod(q2_k)
+    row_kernel = staticmethod(rows.q2_k_rows)
 
 
 class Q3_K(_KQuant):
     kernel = staticmethod(q3_k)
+    row_kernel = staticmethod(rows.q3_k_rows)
 
 
 class Q4_K(_KQuant):
     kernel = staticmethod(q4_k)
+    row_kernel = staticmethod(rows.q4_k_rows)
 
 
 class Q5_K(_KQuant):
     kernel = staticmethod(q5_k)
+    row_kernel = staticmethod(rows.q5_k_rows)
 
 
 class Q6_K(_KQuant):
     kernel = staticmethod(q6_k)
+    row_kernel = staticmethod(rows.q6_k_rows)
 
 
 class Q8_K(QuantType):

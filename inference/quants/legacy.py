@@ -1,4 +1,5 @@
-"""The original 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (ggml-common.h layouts).
+"""The original 32-element block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (ggml-common.h layouts):
+their classes, dequantization kernels here, row quantizers in `legacy_quantize`.
 
 Within a block of 32, element j < 16 comes from the low nibble of quant byte j and element j + 16
 from its high nibble; Q5_x take the fifth bit of element j from bit j of a little-endian uint32.
@@ -6,11 +7,12 @@ Each kernel's float32 expression is gguf-py's, in gguf-py's order.
 
 Kernel style (all of llamatui.inference.quants): one prange over blocks, and inner loops whose trip
 count comes from `out.shape[1]` rather than a literal. With a literal, LLVM unrolls the loop
-completely into scalar code; with a run-time count its loop vectorizer takes it (3-12x faster).
+completely into scalar code; with a run-time count its loop vectorizer takes it.
 """
 import numpy as np
 from numba import njit, prange
 
+from . import legacy_quantize as rows
 from .base import F16_TO_F32, QuantType
 
 
@@ -112,19 +114,25 @@ class _Legacy(QuantType):
 
 class Q4_0(_Legacy):
     kernel = staticmethod(q4_0)
+    row_kernel = staticmethod(rows.q4_0_rows)
 
 
 class Q4_1(_Legacy):
     kernel = staticmethod(q4_1)
+    row_kernel = staticmethod(rows.q4_1_rows)
 
 
 class Q5_0(_Legacy):
     kernel = staticmethod(q5_0)
+    row_kernel = staticmethod(rows.q5_0_rows)
 
 
 class Q5_1(_Legacy):
     kernel = staticmethod(q5_1)
+    row_kernel = staticmethod(rows.q5_1_rows)
 
 
 class Q8_0(_Legacy):
     kernel = staticmethod(q8_0)
+    row_kernel = staticmethod(rows.q8_0_rows)
+    uses_imatrix = False

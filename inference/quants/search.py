@@ -8,7 +8,7 @@ bit for bit the same as ggml's.
 import numpy as np
 from numba import njit
 
-from llamatui.quantizer.numeric import F0, F1, GROUP_MAX_EPS, nearest_int
+from .numeric import F0, F1, GROUP_MAX_EPS, nearest_int
 
 _TENTH = np.float32(0.1)
 
@@ -125,9 +125,16 @@ def make_q3_quants(n, nmax, x, L, do_rmse):
 
 
 @njit(cache=True, error_model="numpy")
-def make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
+def make_qkx2_quants(n, nmax, x, weights, L, Laux, sweep):
     """Affine levels in [0, nmax]: scale and min by weighted least squares over a sweep of
-    ``nstep + 1`` candidate scales (make_qkx2_quants). Returns (scale, -min)."""
+    ``nstep + 1`` candidate scales (make_qkx2_quants). Returns (scale, -min).
+
+    ggml's make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)
+    with its last four arguments as ``sweep = (rmin, rdelta, nstep, use_mad)`` (rmin, rdelta
+    float32): candidate iscale (rmin + rdelta * step + nmax) / (max - min) for step in 0..nstep,
+    error |diff| if use_mad else diff**2. The min comes back negated instead of through the_min.
+    """
+    rmin, rdelta, nstep, use_mad = sweep
     vmin = x[0]
     vmax = x[0]
     sum_w = weights[0]
@@ -195,11 +202,13 @@ def make_qkx2_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad)
 
 
 @njit(cache=True, error_model="numpy")
-def make_qkx3_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
+def make_qkx3_quants(n, nmax, x, weights, L, Laux, sweep):
     """make_qkx2_quants' successor used with importance weights (make_qkx3_quants).
 
     Same search; candidate levels come from min(v, nmax) so a best-so-far min near max cannot
-    push nearest_int out of range. Returns (scale, -min)."""
+    push nearest_int out of range. Returns (scale, -min). As for `make_qkx2_quants`, ggml's
+    trailing (rmin, rdelta, nstep, use_mad) arrive as the tuple ``sweep``."""
+    rmin, rdelta, nstep, use_mad = sweep
     vmin = x[0]
     vmax = x[0]
     sum_w = weights[0]

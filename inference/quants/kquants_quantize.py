@@ -9,11 +9,15 @@ quantize_row_q*_K_impl, where the sub-block scales themselves are fitted by weig
 import numpy as np
 from numba import njit
 
-from llamatui.quantizer.numeric import F0, F1, GROUP_MAX_EPS, fp16_to_fp32, fp32_to_fp16, nearest_int, put_u16
-from llamatui.quantizer.search import make_q3_quants, make_qkx2_quants, make_qkx3_quants, make_qp_quants, \
+from ..catalog import GGML_TYPES
+from .numeric import F0, F1, GROUP_MAX_EPS, fp16_to_fp32, fp32_to_fp16, nearest_int, put_u16
+from .search import make_q3_quants, make_qkx2_quants, make_qkx3_quants, make_qp_quants, \
     make_qx_quants
 
-QK_K = 256
+# Values and bytes per super-block (catalog geometry; compile-time constants of the kernels below).
+QK_K = GGML_TYPES["Q4_K"].block_size
+Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (
+    GGML_TYPES[t].type_size for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 _F15 = np.float32(15.0)
 _F63 = np.float32(63.0)
 _M05 = np.float32(-0.5)
@@ -92,7 +96,7 @@ def q2_k_row_ref(x, out):
     sc = np.empty(16, np.int64)
     for i in range(x.shape[0] // QK_K):
         xs = x[QK_K * i:QK_K * (i + 1)]
-        o = 84 * i
+        o = Q2_K_BYTES * i
         max_scale = F0
         max_min = F0
         for j in range(16):
@@ -100,7 +104,7 @@ def q2_k_row_ref(x, out):
             for l in range(16):
                 weights[l] = abs(xb[l])
             scales[j], mins[j] = make_qkx2_quants(16, 3, xb, weights, L[16 * j:16 * j + 16], Laux,
-                                                  _M05, _P01, 15, True)
+                                                  (_M05, _P01, 15, True))
             if scales[j] > max_scale:
                 max_scale = scales[j]
             if mins[j] > max_min:
@@ -138,13 +142,13 @@ def q2_k_row_imatrix(x, qw_row, out):
     for i in range(x.shape[0] // QK_K):
         xs = x[QK_K * i:QK_K * (i + 1)]
         qws = qw_row[QK_K * i:QK_K * (i + 1)]
-        o = 84 * i
+        o = Q2_K_BYTES * i
         sigma2 = superblock_sigma2(xs, F1)
         for j in range(16):
             xb = xs[16 * j:16 * j + 16]
             sw[j] = imatrix_weights(xb, qws[16 * j:16 * j + 16], sigma2, weight)
             scales[j], mins[j] = make_qkx3_quants(16, 3, xb, weight, L[16 * j:16 * j + 16], Laux,
-                                                  _M09, _P005, 36, False)
+                                                  (_M09, _P005, 36, False))
         dm = make_qp_quants(16, 15, scales, Ls, sw)
         mm = make_qp_quants(16, 15, mins, Lm, sw)
         for j in range(16):
@@ -238,7 +242,7 @@ def q3_k_row_ref(x, out):
             for k in range(12):
                 sc[k] = 0
             dh = fp32_to_fp16(F0)
-        q3_k_finish(xs, L, sc, dh, out, 110 * i)
+        q3_k_finish(xs, L, sc, dh, out, Q3_K_BYTES * i)
 
 
 @njit(cache=True, error_model="numpy")
@@ -259,7 +263,7 @@ def q3_k_row_imatrix(x, qw_row, out):
             scales[j] = make_qx_quants(16, 4, xb, L[16 * j:16 * j + 16], weight, True)
         d_block = make_qx_quants(16, 32, scales, Ls, sw, True)
         q3_k_put_scales(Ls, sc)
-        q3_k_finish(xs, L, sc, fp32_to_fp16(d_block), out, 110 * i)
+        q3_k_finish(xs, L, sc, fp32_to_fp16(d_block), out, Q3_K_BYTES * i)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -298,8 +302,13 @@ def get_scale_min_k4(j, q):
 
 
 @njit(cache=True, error_model="numpy")
-def k4_ref_scales(xs, nmax, rmin, nstep, L, scales, mins, weights, Laux):
-    """Sub-block search of the Q4_K/Q5_K reference: weights av_x + |x|, make_qkx2_quants."""
+def k4_ref_scales(xs, nmax, sweep, L, scales, mins, scratch):
+    """Sub-block search of the Q4_K/Q5_K reference: weights av_x + |x|, make_qkx2_quants.
+
+    ``sweep``: make_qkx2_quants' (rmin, rdelta, nstep, use_mad). ``scratch``: the work buffers
+    (weights[32], Laux[32]). Fills L, scales[8] and mins[8]; returns (max_scale, max_min).
+    """
+    weights, Laux = scratch
     max_scale = F0
     max_min = F0
     for j in range(8):
@@ -310,8 +319,7 @@ def k4_ref_scales(xs, nmax, rmin, nstep, L, scales, mins, weights, Laux):
         av_x = np.sqrt(np.float32(sum_x2 / np.float32(32.0)))
         for l in range(32):
             weights[l] = np.float32(av_x + abs(xb[l]))
-        scales[j], mins[j] = make_qkx2_quants(32, nmax, xb, weights, L[32 * j:32 * j + 32], Laux,
-                                              rmin, _P01, nstep, False)
+        scales[j], mins[j] = make_qkx2_quants(32, nmax, xb, weights, L[32 * j:32 * j + 32], Laux, sweep)
         if scales[j] > max_scale:
             max_scale = scales[j]
         if mins[j] > max_min:
@@ -329,14 +337,21 @@ def k4_ref_levels(scales, mins, max_scale, max_min, ls_all, lm_all):
 
 
 @njit(cache=True, error_model="numpy")
-def k4_imatrix_scales(xs, qws, nmax, L, scales, mins, weights, Laux, sw, Ls, Lm):
-    """Sub-block search with importance weights (quantize_row_q4_K_impl / q5_K_impl)."""
+def k4_imatrix_scales(xs, qws, nmax, L, scales, mins, scratch, levels):
+    """Sub-block search with importance weights (quantize_row_q4_K_impl / q5_K_impl).
+
+    ``scratch``: the work buffers (weights[32], Laux[32], sw[8]). Fills L, scales[8], mins[8] and
+    ``levels = (Ls, Lm)``, make_qp_quants' 6-bit levels of the scales and of the mins; returns
+    their super-block scales (d_block, m_block).
+    """
+    weights, Laux, sw = scratch
+    Ls, Lm = levels
     sigma2 = superblock_sigma2(xs, np.float32(2.0))
     for j in range(8):
         xb = xs[32 * j:32 * j + 32]
         sw[j] = imatrix_weights(xb, qws[32 * j:32 * j + 32], sigma2, weights)
         scales[j], mins[j] = make_qkx3_quants(32, nmax, xb, weights, L[32 * j:32 * j + 32], Laux,
-                                              _M09, _P005, 36, False)
+                                              (_M09, _P005, 36, False))
     d_block = make_qp_quants(8, 63, scales, Ls, sw)
     m_block = make_qp_quants(8, 63, mins, Lm, sw)
     return d_block, m_block
@@ -384,8 +399,10 @@ def q5_k_pack(L, out, pos):
 
 
 @njit(cache=True, error_model="numpy")
-def qk45_row(x, qw_row, use_qw, out, nmax, type_size, rmin, nstep):
-    """Q4_K (nmax 15) or Q5_K (nmax 31) for one row, reference or importance-weighted path."""
+def qk45_row(x, qw_row, use_qw, out, nmax, type_size, sweep):
+    """Q4_K (nmax 15) or Q5_K (nmax 31) for one row, reference or importance-weighted path.
+
+    ``sweep``: the reference path's make_qkx2_quants (rmin, rdelta, nstep, use_mad)."""
     L = np.empty(QK_K, np.uint8)
     Laux = np.empty(32, np.uint8)
     weights = np.empty(32, np.float32)
@@ -401,13 +418,13 @@ def qk45_row(x, qw_row, use_qw, out, nmax, type_size, rmin, nstep):
         o = type_size * i
         if use_qw:
             d_block, m_block = k4_imatrix_scales(xs, qw_row[QK_K * i:QK_K * (i + 1)], nmax, L, scales, mins,
-                                                 weights, Laux, sw, Ls, Lm)
+                                                 (weights, Laux, sw), (Ls, Lm))
             for j in range(8):
                 # ggml's Q5_K clamps the fitted levels to 63; its Q4_K stores them as they are
                 ls_all[j] = min(63, Ls[j]) if nmax == 31 else np.int64(Ls[j])
                 lm_all[j] = min(63, Lm[j]) if nmax == 31 else np.int64(Lm[j])
         else:
-            max_scale, max_min = k4_ref_scales(xs, nmax, rmin, nstep, L, scales, mins, weights, Laux)
+            max_scale, max_min = k4_ref_scales(xs, nmax, sweep, L, scales, mins, (weights, Laux))
             k4_ref_levels(scales, mins, max_scale, max_min, ls_all, lm_all)
             d_block = np.float32(max_scale / _F63)
             m_block = np.float32(max_min / _F63)
@@ -422,13 +439,13 @@ def qk45_row(x, qw_row, use_qw, out, nmax, type_size, rmin, nstep):
 @njit(cache=True, nogil=True, error_model="numpy")
 def q4_k_rows(x, qw, use_qw, out):
     for r in range(x.shape[0]):
-        qk45_row(x[r], qw, use_qw, out[r], 15, 144, np.float32(-1.0), 20)
+        qk45_row(x[r], qw, use_qw, out[r], 15, Q4_K_BYTES, (np.float32(-1.0), _P01, 20, False))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def q5_k_rows(x, qw, use_qw, out):
     for r in range(x.shape[0]):
-        qk45_row(x[r], qw, use_qw, out[r], 31, 176, _M05, 15)
+        qk45_row(x[r], qw, use_qw, out[r], 31, Q5_K_BYTES, (_M05, _P01, 15, False))
 
 
 # ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16)
@@ -441,7 +458,7 @@ def q6_k_row(x, qw_row, use_qw, out):
     sc = np.empty(16, np.int64)
     for i in range(x.shape[0] // QK_K):
         xs = x[QK_K * i:QK_K * (i + 1)]
-        o = 210 * i
+        o = Q6_K_BYTES * i
         max_scale = F0
         max_abs_scale = F0
         for ib in range(16):
@@ -457,7 +474,7 @@ def q6_k_row(x, qw_row, use_qw, out):
                 max_abs_scale = abs_scale
                 max_scale = scale
         if max_abs_scale < GROUP_MAX_EPS:
-            for k in range(210):
+            for k in range(Q6_K_BYTES):
                 out[o + k] = 0
             put_u16(out, o + 208, fp32_to_fp16(F0))
             continue

@@ -1,4 +1,5 @@
-"""Row quantizers for IQ4_NL (32-element blocks) and IQ4_XS (256-element super-blocks).
+"""Row quantizers for IQ4_NL (32-element blocks) and IQ4_XS (256-element super-blocks); their
+classes are in `iquants.py`.
 
 Both map values onto ggml's non-linear 16-entry table kvalues_iq4nl. ggml_quantize_chunk runs
 quantize_iq4_nl / quantize_iq4_xs with ntry = 7 whether or not importance weights are given;
@@ -7,13 +8,16 @@ without them each value is weighted by x**2, with them by ``imatrix * sqrt(sigma
 import numpy as np
 from numba import njit
 
-from llamatui.quantizer.numeric import F0, F1, GROUP_MAX_EPS, fp32_to_fp16, nearest_int, put_u16
-from llamatui.quantizer.search import best_index_int8, level_midsums
+from ..catalog import GGML_TYPES
+from .base import IQ4_LEVELS
+from .numeric import F0, F1, GROUP_MAX_EPS, fp32_to_fp16, nearest_int, put_u16
+from .search import best_index_int8, level_midsums
 
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                         dtype=np.int32)
+KVALUES_IQ4NL = IQ4_LEVELS.astype(np.int32)
 KVALUES_IQ4NL_MIDSUMS = level_midsums(KVALUES_IQ4NL)
 NTRY = 7
+# Bytes per block (catalog geometry; compile-time constants of the kernels below).
+IQ4_NL_BYTES, IQ4_XS_BYTES = GGML_TYPES["IQ4_NL"].type_size, GGML_TYPES["IQ4_XS"].type_size
 
 
 @njit(cache=True, error_model="numpy")
@@ -61,12 +65,20 @@ def iq4_block_scale(xb, weight, Lb, values, midsums, ntry):
 
 
 @njit(cache=True, error_model="numpy")
-def iq4_superblock(x, qw, use_qw, nsub, values, midsums, ntry, L, weight, scales, out, o):
+def iq4_superblock(x, qw, use_qw, nsub, table, ntry, scratch, dest):
     """quantize_row_iq4_nl_impl for one super-block of ``nsub`` blocks of 32 at ``x``.
+
+    ggml's arguments grouped: ``table = (values, midsums)`` (kvalues_iq4nl and its
+    `level_midsums`), ``scratch = (L, weight, scales)`` (L[32*nsub] int64, weight[32],
+    scales[nsub]), ``dest = (out, o)``: the block is written to the bytes ``out`` at ``o``.
+    ``qw`` (quant_weights) is read only when ``use_qw``.
 
     Writes d (fp16) at out[o]; for nsub > 1 (IQ4_XS) also scales_h (uint16) and scales_l[nsub/2],
     then the nibbles; for nsub == 1 (IQ4_NL) the nibbles follow d directly.
     """
+    values, midsums = table
+    L, weight, scales = scratch
+    out, o = dest
     n = 32 * nsub
     sigma2 = F0
     for j in range(n):
@@ -134,16 +146,16 @@ def iq4_row(x, qw, use_qw, out, nsub, type_size):
     scales = np.empty(nsub, np.float32)
     for ibl in range(x.shape[0] // n):
         iq4_superblock(x[n * ibl:n * (ibl + 1)], qw[n * ibl:n * (ibl + 1)] if use_qw else qw, use_qw, nsub,
-                       values, midsums, NTRY, L, weight, scales, out, type_size * ibl)
+                       (values, midsums), NTRY, (L, weight, scales), (out, type_size * ibl))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def iq4_nl_rows(x, qw, use_qw, out):
     for r in range(x.shape[0]):
-        iq4_row(x[r], qw, use_qw, out[r], 1, 18)
+        iq4_row(x[r], qw, use_qw, out[r], 1, IQ4_NL_BYTES)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def iq4_xs_rows(x, qw, use_qw, out):
     for r in range(x.shape[0]):
-        iq4_row(x[r], qw, use_qw, out[r], 8, 136)
+        iq4_row(x[r], qw, use_qw, out[r], 8, IQ4_XS_BYTES)

@@ -4,14 +4,19 @@ Without importance weights these are ggml's quantize_row_*_ref (round by truncat
 8.5 / 16.5 / 0.5; Q8_0 uses roundf). With importance weights Q4_0/Q5_0 search symmetric scales
 (make_qx_quants) and Q4_1/Q5_1 affine ones (make_qkx3_quants), weighting each value by
 ``imatrix[i] * sqrt(sigma2 + x[i]**2)`` with sigma2 the row's mean square. Q8_0 ignores them.
-Each ``*_rows`` kernel quantizes a batch of rows without the GIL (see `llamatui.quantizer.rows`
-for how batches are spread over threads).
+Each ``*_rows`` kernel quantizes a batch of rows without the GIL (`base.run_in_batches` spreads
+the batches over threads); the classes in `legacy.py` name them.
 """
 import numpy as np
 from numba import njit
 
-from llamatui.quantizer.numeric import F0, F1, fp32_to_fp16, put_u16, round_away
-from llamatui.quantizer.search import make_qkx3_quants, make_qx_quants
+from ..catalog import GGML_TYPES
+from .numeric import F0, F1, fp32_to_fp16, put_u16, round_away
+from .search import make_qkx3_quants, make_qx_quants
+
+# Bytes per block (catalog geometry; compile-time constants of the kernels below).
+Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES = (
+    GGML_TYPES[t].type_size for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
 
 _FLT_MAX = np.float32(np.finfo(np.float32).max)
 _HALF = np.float32(0.5)
@@ -80,7 +85,7 @@ def put_q5_high_bits(out, pos, lo, hi):
 def q4_0_row_ref(x, out):
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 18 * ib
+        o = Q4_0_BYTES * ib
         d = np.float32(absmax_signed(xb) / np.float32(-8.0))
         idd = np.float32(F1 / d) if d != F0 else F0
         put_u16(out, o, fp32_to_fp16(d))
@@ -99,7 +104,7 @@ def q4_0_row_imatrix(x, qw, out):
     L = np.empty(32, np.int32)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 18 * ib
+        o = Q4_0_BYTES * ib
         block_weights(xb, qw[32 * ib:32 * ib + 32], sigma2, weight)
         d = make_qx_quants(32, 8, xb, L, weight, True)
         put_u16(out, o, fp32_to_fp16(d))
@@ -122,7 +127,7 @@ def q4_0_rows(x, qw, use_qw, out):
 def q4_1_row_ref(x, out):
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 20 * ib
+        o = Q4_1_BYTES * ib
         vmin, vmax = min_max(xb)
         d = np.float32(np.float32(vmax - vmin) / np.float32(15.0))
         idd = np.float32(F1 / d) if d != F0 else F0
@@ -144,9 +149,9 @@ def q4_1_row_imatrix(x, qw, out):
     Laux = np.empty(32, np.uint8)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 20 * ib
+        o = Q4_1_BYTES * ib
         block_weights(xb, qw[32 * ib:32 * ib + 32], sigma2, weight)
-        d, the_min = make_qkx3_quants(32, 15, xb, weight, L, Laux, _M09, _P005, 36, False)
+        d, the_min = make_qkx3_quants(32, 15, xb, weight, L, Laux, (_M09, _P005, 36, False))
         put_u16(out, o, fp32_to_fp16(d))
         put_u16(out, o + 2, fp32_to_fp16(-the_min))
         for j in range(16):
@@ -170,7 +175,7 @@ def q5_0_row_ref(x, out):
     hi = np.empty(16, np.int64)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 22 * ib
+        o = Q5_0_BYTES * ib
         d = np.float32(absmax_signed(xb) / np.float32(-16.0))
         idd = np.float32(F1 / d) if d != F0 else F0
         put_u16(out, o, fp32_to_fp16(d))
@@ -189,7 +194,7 @@ def q5_0_row_imatrix(x, qw, out):
     L = np.empty(32, np.int32)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 22 * ib
+        o = Q5_0_BYTES * ib
         block_weights(xb, qw[32 * ib:32 * ib + 32], sigma2, weight)
         d = make_qx_quants(32, 16, xb, L, weight, True)
         put_u16(out, o, fp32_to_fp16(d))
@@ -213,7 +218,7 @@ def q5_1_row_ref(x, out):
     hi = np.empty(16, np.int64)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 24 * ib
+        o = Q5_1_BYTES * ib
         vmin, vmax = min_max(xb)
         d = np.float32(np.float32(vmax - vmin) / np.float32(31.0))
         idd = np.float32(F1 / d) if d != F0 else F0
@@ -235,9 +240,9 @@ def q5_1_row_imatrix(x, qw, out):
     Laux = np.empty(32, np.uint8)
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 24 * ib
+        o = Q5_1_BYTES * ib
         block_weights(xb, qw[32 * ib:32 * ib + 32], sigma2, weight)
-        d, the_min = make_qkx3_quants(32, 31, xb, weight, L, Laux, _M09, _P005, 36, False)
+        d, the_min = make_qkx3_quants(32, 31, xb, weight, L, Laux, (_M09, _P005, 36, False))
         put_u16(out, o, fp32_to_fp16(d))
         put_u16(out, o + 2, fp32_to_fp16(-the_min))
         put_q5_high_bits(out, o + 4, L[:16], L[16:])
@@ -258,7 +263,7 @@ def q5_1_rows(x, qw, use_qw, out):
 def q8_0_row(x, out):
     for ib in range(x.shape[0] // 32):
         xb = x[32 * ib:32 * ib + 32]
-        o = 34 * ib
+        o = Q8_0_BYTES * ib
         amax = F0
         for j in range(32):
             a = abs(xb[j])

@@ -9,8 +9,8 @@ in C instead of raising.
 import numpy as np
 from numba import njit
 
-# The fp16/bit conversions live with the engine, which needs them too.
-from llamatui.inference.quants.fp16 import bits_f32, f32_bits, fp16_to_fp32, fp32_to_fp16  # noqa: F401
+# The fp16/bit conversions, which the engine's kernels use too.
+from .fp16 import bits_f32, f32_bits, fp16_to_fp32, fp32_to_fp16  # noqa: F401
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
