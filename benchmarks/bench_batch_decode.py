@@ -62,6 +62,7 @@ def serve(engine) -> None:
 def llamatui_engine(threads: int):
     import numba
 
+    from llamatui.inference import LoadConfig
     from llamatui.inference.model import Batch, Model
     numba.set_num_threads(threads)
     models = []
@@ -69,7 +70,7 @@ def llamatui_engine(threads: int):
     def load(path, n):
         if models:
             models.pop().close()
-        model = Model.load(path, n_ctx=n * (PROMPT + 512), n_seq_max=n)
+        model = Model.load(path, LoadConfig(n_ctx=n * (PROMPT + 512), n_parallel=n))
         models.append(model)
         return model.n_vocab, lambda tokens, pos, seqs, logits: model.decode(
             Batch(tokens, pos=list(pos), seq_ids=list(seqs), logits=logits))

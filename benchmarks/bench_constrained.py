@@ -132,7 +132,7 @@ class Row:
 
 
 def end_to_end(path, threads, reps):
-    from llamatui.inference import Engine
+    from llamatui.inference import Engine, LoadConfig
     try:
         from llama_cpp import Llama
         llm = Llama(str(path), n_ctx=1024, n_batch=512, n_threads=threads,
@@ -140,7 +140,7 @@ def end_to_end(path, threads, reps):
     except ImportError:
         llm = None
     rows = []
-    with Engine.load(path, n_ctx=1024, threads=threads) as engine:
+    with Engine.load(path, LoadConfig(n_ctx=1024, threads=threads)) as engine:
         ours(engine, _schemas()[0])  # compiles the mask kernel, builds the vocabulary
         for entry in _schemas():
             row = Row(entry)

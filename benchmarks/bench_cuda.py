@@ -42,7 +42,7 @@ def main():
         sys.exit(found.describe())
     import cupy as cp
 
-    from llamatui.inference.cuda.attention import attention
+    from llamatui.inference.cuda.attention import CellMask, DeviceKV, attention
     from llamatui.inference.cuda.dequant import DEVICE_TYPES, dequantize_rows
     from llamatui.inference.cuda.matvec import matvec
     print(found.describe())
@@ -74,8 +74,9 @@ def main():
     seq = cp.zeros(1, cp.int64)
     for kv_type, row_bytes in (("f16", n_head_kv * d * 2), ("q8_0", n_head_kv * d // 32 * 34)):
         kv = cp.asarray(rng.integers(0, 60, (n_kv, row_bytes), dtype=np.uint8))
-        t = timed(lambda: attention(q, kv, kv, kv_type, kv_type, n_head_kv, cell_pos, cell_seq,
-                                    tok, seq, 0, 0.088, o), cp)
+        rows = DeviceKV(kv, kv_type, n_head_kv, d)
+        cells = CellMask(cell_pos, cell_seq, tok, seq)
+        t = timed(lambda: attention(q, rows, rows, cells, 0.088, o), cp)
         gbps = 2 * kv.nbytes / t / 1e9
         print(f"attention {kv_type} depth {n_kv}: {t * 1e6:.0f} us, {gbps:.0f} GB/s of KV, "
               f"{gbps / peer:.2f} of copy")

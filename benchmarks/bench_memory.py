@@ -2,11 +2,11 @@
 
     python benchmarks/bench_memory.py [--full] [--json]
 
-Each model runs in a fresh process: Engine.load(path, n_ctx=2048, threads=2), a short chat prompt,
-4 generated tokens; peak RSS is that process's VmHWM (ru_maxrss where /proc is missing). With
---full the prompt nearly fills the context (2000 tokens), which shows the whole KV cache and the
-largest compute buffers (slow on small machines: the prompt is processed at CPU speed). The
-estimate is
+Each model runs in a fresh process: Engine.load(path, LoadConfig(n_ctx=2048, threads=2)), a short
+chat prompt, 4 generated tokens; peak RSS is that process's VmHWM (ru_maxrss where /proc is
+missing). With --full the prompt nearly fills the context (2000 tokens), which shows the whole KV
+cache and the largest compute buffers (slow on small machines: the prompt is processed at CPU
+speed). The estimate is
 `llamatui.models.recommend.estimate_file(path, n_ctx=2048, threads=2)`: `resident_at(n)` for the
 tokens actually in the cache, `total_bytes` for a full context. A warm-up run first fills numba's
 cache (`--cold` skips it: the first run after installing compiles the kernels, which peaks higher).
@@ -35,11 +35,11 @@ def peak():
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 marks = {"start": proc.memory_info().rss}
-from llamatui.inference import Engine
+from llamatui.inference import Engine, LoadConfig
 marks["imports"] = proc.memory_info().rss
 path, n_prompt, n_ctx, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t0 = time.perf_counter()
-engine = Engine.load(path, n_ctx=n_ctx, threads=threads)
+engine = Engine.load(path, LoadConfig(n_ctx=n_ctx, threads=threads))
 marks["loaded"] = proc.memory_info().rss
 marks["loaded_peak"] = peak()
 t_load = time.perf_counter() - t0
@@ -80,7 +80,7 @@ def compare(path, n_prompt: int, n_ctx: int = 2048, threads: int = 2, warm: bool
             ) -> dict:
     """Estimate against measurement. `warm`: a first short run fills numba's cache, so the
     measured run loads compiled kernels as every later run does (a run that compiles them
-    peaks ~70 MiB higher: `MemoryEstimate.first_run_extra_bytes`)."""
+    peaks higher, by about `MemoryEstimate.first_run_extra_bytes`)."""
     from llamatui.models.recommend import estimate_file
     if warm:
         measure(path, 4, 256, threads)

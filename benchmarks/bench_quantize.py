@@ -5,8 +5,8 @@
 The F16 copies are made first (not timed; kept in a temporary folder). Each conversion runs
 `repeat` times in this process after one untimed warm-up conversion of a tiny model per type
 (numba compiles or loads its kernels once per process, llama-quantize has no such cost), and the
-best time is reported next to llama-quantize's on this kind of machine (2 threads, from the
-same F16 copies): SmolLM2 1.6 s (Q4_K_M) and 0.9 s (Q8_0), Gemma 3 270M 4.7 s and 2.4 s.
+best time is reported next to llama-quantize's reference time from the same F16 copies
+(`LLAMA_QUANTIZE_SECONDS`: llama.cpp 0.6.0, 2 threads, on the project's 2-core machine).
 When llama-cpp-python is installed, llama.cpp's own llama_model_quantize also runs on the same
 F16 file in this run: its time, and whether its output file is byte-identical to ours.
 """

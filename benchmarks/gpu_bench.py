@@ -55,10 +55,10 @@ def time_to_first_token(engine, reps: int) -> float:
 
 
 def bench_one(path, ngl: int, reps: int) -> dict:
-    from llamatui.inference import Engine
+    from llamatui.inference import Engine, LoadConfig, OffloadOptions
     from llamatui.inference.bench import run_bench
     t0 = time.perf_counter()
-    engine = Engine.load(path, n_ctx=1024, n_gpu_layers=ngl)
+    engine = Engine.load(path, LoadConfig(n_ctx=1024, offload=OffloadOptions(n_gpu_layers=ngl)))
     load_s = time.perf_counter() - t0
     try:
         results = {r.test: r for r in run_bench(engine, 512, 128, reps)}

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from llamatui.inference import Engine
+from llamatui.inference import Engine, LoadConfig
 from llamatui.inference.cpu.backend import CPUBackend
 
 # matmul_many (Q, K, V; gate and up) includes the matmul calls it makes when it cannot fuse
@@ -45,7 +45,8 @@ def main():
     totals: collections.Counter = collections.Counter()
     for name in KERNELS:
         setattr(CPUBackend, name, timed(totals, name))
-    engine = Engine.load(args.model, n_ctx=max(1024, args.n_prompt + 1), threads=args.threads)
+    engine = Engine.load(args.model, LoadConfig(n_ctx=max(1024, args.n_prompt + 1),
+                                                threads=args.threads))
     ids = np.random.default_rng(0).integers(0, engine.info.n_vocab, args.n_prompt).tolist()
     engine.reset()
     engine.decode_tokens(ids, 0)  # warm-up

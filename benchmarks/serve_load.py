@@ -127,8 +127,8 @@ async def stream_chat(host: str, port: int, body: dict, headers: dict) -> dict:
 
 
 def run_client(coro):
-    """Runs the clients' coroutine on uvloop's event loop when it is installed (at eight
-    streams 34-37 µs of client CPU per token instead of asyncio's 44-49), else on asyncio's."""
+    """Runs the clients' coroutine on uvloop's event loop when it is installed (less client CPU
+    per token, which the servers share the cores with; docs/serving.md), else on asyncio's."""
     try:
         import uvloop
     except ImportError:

@@ -15,9 +15,11 @@ import importlib
 _EXPORTS = {
     # loading and running a model
     "Engine": "engine", "ModelInfo": "engine", "GenerationEvent": "engine",
-    "default_threads": "engine",
-    "LoadConfig": "config", "OffloadOptions": "config", "OffloadError": "placement",
+    "default_threads": "config",
+    "LoadConfig": "config", "OffloadOptions": "config", "OffloadError": "config",
+    "parse_n_gpu_layers": "config",
     "Scheduler": "scheduler", "SamplingParams": "sampling",
+    "SAMPLING_LIMITS": "sampling", "Limit": "sampling",
     # what can go wrong
     "ContextFullError": "engine", "EngineBusyError": "engine", "EngineClosedError": "engine",
     "QueueFullError": "scheduler", "NonFiniteLogitsError": "scheduler",
@@ -32,11 +34,15 @@ _EXPORTS = {
     # files, tokens, measurements
     "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf", "GGUFValueType": "gguf",
     "Tokenizer": "tokenizers.tokenizer", "POOLINGS": "embedding",
-    "run_bench": "bench", "perplexity": "perplexity",
+    "run_bench": "bench",
+    # (not "perplexity": the name is its module's, which wins once anything has imported it)
+    "run_perplexity": "perplexity:perplexity",
     # the catalog's facts: ggml types, quantization mixes, architectures
     "GGML_TYPES": "catalog", "MIXES": "catalog", "MIXES_BY_NAME": "catalog",
     "MIXES_BY_FILE_TYPE": "catalog", "MIX_ALIASES": "catalog", "ARCHITECTURES": "catalog",
     "mix_name": "catalog",
+    # what runs here (the kernels load on the first question)
+    "engine_types": "support", "runs_here": "support", "mix_runs_here": "support",
     # GPUs
     "probe_gpus": "cuda.probe:probe", "CUPY_MISSING": "cuda.probe",
 }

@@ -1,6 +1,6 @@
 """The engine's public API: load a GGUF model, tokenize, template, generate, embed.
 
-    engine = Engine.load("model.gguf", n_ctx=4096)
+    engine = Engine.load("model.gguf", LoadConfig(n_ctx=4096))
     for event in engine.generate([{"role": "user", "content": "Hi"}], temperature=0.7):
         print(event.text, end="")
 
@@ -24,20 +24,19 @@ import numpy as np
 from .catalog import mix_name
 from .chat.template import ChatTemplate
 from .chat.constraint import Constraint, ConstraintError, ConstraintSpec
+from .config import LoadConfig, OffloadOptions, config_or_defaults, default_threads
 from .embedding import EUCLIDEAN, POOLINGS, normalize
 from .gguf import GGUFFile
 from .model import Batch, EmbeddingOnlyError, Model
 from .sampling import SamplingParams
-from .scheduler import (CONTEXT_POLICIES, ContextFullError, GenerationEvent, QueueFullError,
-                        Scheduler)
+from .scheduler import ContextFullError, GenerationEvent, QueueFullError, Scheduler
 from .tokenizers.tokenizer import Tokenizer
 
 __all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "EmbeddingOnlyError",
-           "Engine", "EngineBusyError", "EngineClosedError", "GenerationEvent", "ModelInfo",
-           "POOLINGS"]
+           "Engine", "EngineBusyError", "EngineClosedError", "GenerationEvent", "LoadConfig",
+           "ModelInfo", "OffloadOptions", "POOLINGS", "default_threads"]
 
 Progress = Callable[[str, int, int], None]
-MIN_CTX = 8  # as llama.cpp raises a smaller n_ctx to
 
 
 class EngineBusyError(RuntimeError):
@@ -71,16 +70,6 @@ class ModelInfo:
     vram_bytes: int = 0  # device memory of the offloaded weights and KV rows
     gpu_note: str = ""  # why the GPU is not used (one line), or ""
     offload: str = ""  # llama.cpp's summary, "offloaded N/M layers to GPU (...)", or ""
-
-
-def default_threads() -> int:
-    """Physical cores, as llama.cpp defaults to."""
-    try:
-        import psutil
-        n = psutil.cpu_count(logical=False)
-    except ImportError:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
 
 
 def _as_tuple(stop) -> tuple:
@@ -119,17 +108,20 @@ def _sampling_params(sampling: Mapping) -> SamplingParams:
 
 class Engine:
     def __init__(self, gguf: GGUFFile, model: Model, tokenizer: Tokenizer,
-                 template: ChatTemplate, threads: int, context_policy: str, n_keep: int,
-                 n_parallel: int = 1):
+                 template: ChatTemplate, config: LoadConfig | None = None):
+        """An engine over a loaded model; Engine.load makes one from a file. Of `config` it
+        uses the threads, the context policy, n_keep and the slots (n_parallel)."""
+        config = config_or_defaults(config)
+        self.config = config
         self.gguf = gguf
         self.model = model
         self.tokenizer = tokenizer
         self.template = template
-        self.threads = threads
-        self.context_policy = context_policy
-        self.n_keep = n_keep
-        self.scheduler = Scheduler(model, tokenizer, n_slots=n_parallel,
-                                   context_policy=context_policy, n_keep=n_keep)
+        self.threads = config.n_threads
+        self.context_policy = config.context_policy
+        self.n_keep = config.n_keep
+        self.scheduler = Scheduler(model, tokenizer, n_slots=config.n_parallel,
+                                   context_policy=config.context_policy, n_keep=config.n_keep)
         self._requests: set = set()  # generate()'s requests in flight, for cancel()
         self.chat_template_choice: str | None = None  # set_chat_template's (None: the model's)
         self._closed = False
@@ -160,34 +152,17 @@ class Engine:
         )
 
     @classmethod
-    def load(cls, path, n_ctx: int = 4096, threads: int | None = None,
-             cache_type_k: str = "f16", cache_type_v: str = "f16", use_mmap: bool = True,
-             mlock: bool = False, context_policy: str = "shift", n_keep: int = 0,
-             warmup: bool = True, progress: Progress | None = None,
-             chat_template: str | None = None, n_parallel: int = 1, n_gpu_layers=0,
-             main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
-             split_mode: str = "layer") -> "Engine":
-        """Opens a GGUF model. n_ctx 0 means the model's training context. context_policy: what
-        happens when the context fills: "shift" (llama.cpp's context shift: keep the first
-        n_keep tokens, drop half of the rest) or "error". chat_template: a built-in template's
-        name (CHAT_TEMPLATE_NAMES) or Jinja source; None: the model's own, or for a model
-        without one a built-in chosen from its vocabulary. A template compiles when a chat first
-        needs it: a broken one does not stop the model from loading or running raw prompts.
-        n_parallel: slots (sequences generated at once, llama-server's -np); each gets
-        n_ctx / n_parallel of the context. n_gpu_layers (a count, -1 / "all", or "auto"),
-        main_gpu, tensor_split, offload_kv, split_mode: llama.cpp's -ngl, -mg, -ts,
-        --no-kv-offload (negated) and -sm; without a usable GPU the model runs on the CPU and
+    def load(cls, path, config: LoadConfig | None = None,
+             progress: Progress | None = None) -> "Engine":
+        """Opens a GGUF model as `config` says (LoadConfig: context size, threads, KV cache
+        types, mmap/mlock, context policy, slots, chat template, GPU offload; None: the
+        defaults, on the CPU), reporting `progress(stage, done, total)` as it goes. A chat
+        template compiles when a chat first needs it: a broken one does not stop the model from
+        loading or running raw prompts. Without a usable GPU the model runs on the CPU and
         info.gpu_note says why."""
-        if context_policy not in CONTEXT_POLICIES:
-            raise ValueError(f"context_policy must be one of {CONTEXT_POLICIES}, "
-                             f"not {context_policy!r}")
-        if not isinstance(n_ctx, int) or 0 < n_ctx < MIN_CTX * max(1, n_parallel) or n_ctx < 0:
-            raise ValueError(f"the context size must be 0 (the model's own) or at least "
-                             f"{MIN_CTX} tokens per slot, not {n_ctx!r}")
-        if not isinstance(n_parallel, int) or n_parallel < 1:
-            raise ValueError(f"n_parallel must be a positive number of slots, not {n_parallel!r}")
+        config = config_or_defaults(config)
         report = progress or (lambda stage, done, total: None)
-        threads = int(threads) if threads else default_threads()
+        threads = config.n_threads
         import numba
         from threadpoolctl import threadpool_limits
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -195,22 +170,17 @@ class Engine:
         # second pool of spinning BLAS threads on the same cores slows both.
         threadpool_limits(limits=1, user_api="blas")
         report("Opening model", 0, 3)
-        gguf = GGUFFile.open(path, use_mmap=use_mmap, mlock=mlock)
+        gguf = GGUFFile.open(path, use_mmap=config.use_mmap, mlock=config.mlock)
         try:
             report("Loading tokenizer", 1, 3)
             tokenizer = Tokenizer.from_metadata(gguf.metadata)
-            template = ChatTemplate.from_metadata(gguf.metadata, chat_template,
+            template = ChatTemplate.from_metadata(gguf.metadata, config.chat_template,
                                                   tokenizer=tokenizer)
             report("Loading weights", 2, 3)
-            model = Model.load(gguf, n_ctx=n_ctx, cache_type_k=cache_type_k,
-                               cache_type_v=cache_type_v, n_seq_max=n_parallel,
-                               n_gpu_layers=n_gpu_layers, main_gpu=main_gpu,
-                               tensor_split=tensor_split, offload_kv=offload_kv,
-                               split_mode=split_mode)
-            engine = cls(gguf, model, tokenizer, template, threads, context_policy, n_keep,
-                         n_parallel)
-            engine.chat_template_choice = chat_template
-            if warmup:
+            model = Model.load(gguf, config)
+            engine = cls(gguf, model, tokenizer, template, config)
+            engine.chat_template_choice = config.chat_template
+            if config.warmup:
                 # Like llama.cpp's warm-up decode; on a first run this compiles the kernels.
                 report("Warming up (compiles kernels on first run)", 2, 3)
                 tokens = [tokenizer.bos_id if tokenizer.bos_id is not None else 0] * 2

@@ -280,13 +280,14 @@ class HParams:
         context), as llama.cpp's graphs call ggml_rope_ext: the layer's base and scale
         (llama_model::get_rope_freq_base/_scale), the frequency factors of `rope_factors`, YaRN's
         parameters of `rope_yarn`."""
-        from .rope import RopeSpec
+        from .rope import RopeSpec, Yarn
         ext_factor, attn_factor = self.rope_yarn()
         swa = self.is_swa(il)
         return RopeSpec(self.n_rot, self.rope_freq_base_swa if swa else self.rope_freq_base,
                         self.rope_freq_scale_swa if swa else self.rope_freq_scale,
-                        self.rope_neox, self.rope_factors(n_ctx), n_ctx_orig=self.n_ctx_orig,
-                        ext_factor=ext_factor, attn_factor=attn_factor)
+                        self.rope_neox, self.rope_factors(n_ctx),
+                        yarn=Yarn(self.n_ctx_orig, ext_factor) if ext_factor else None,
+                        attn_factor=attn_factor)
 
     def rope_factors(self, n_ctx: int | None = None):
         """llama_model::get_rope_factors: rope_freqs when the model has them, else LongRoPE's

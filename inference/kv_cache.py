@@ -17,31 +17,45 @@ sequence continues as if its tokens had been evaluated at their new positions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .cpu import attention, ops
+from .config import check_cache_type
 from .cpu.backend import HostKVStore
 from .rope import RopeSpec
-
-CACHE_TYPES = ("f32", "f16", "q8_0")
 
 
 class KVCacheFullError(RuntimeError):
     """No room in the cache for a batch (as llama_decode's return value 1)."""
 
 
-def check_cache_type(name: str) -> str:
-    t = str(name).lower()
-    if t not in CACHE_TYPES:
-        raise ValueError(f"unsupported KV cache type {name!r}; supported: {', '.join(CACHE_TYPES)}")
-    return t
+@dataclass(frozen=True)
+class KVRows:
+    """What every cached layer keeps per cell: K as n_head_kv heads of head_dim_k values and V
+    as n_head_kv heads of head_dim_v values (None: head_dim_k), stored as type_k and type_v
+    (llama.cpp's -ctk / -ctv: 'f32', 'f16' or 'q8_0')."""
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int | None = None
+    type_k: str = "f16"
+    type_v: str = "f16"
 
+    def __post_init__(self):
+        head_dim_v = self.head_dim_k if self.head_dim_v is None else self.head_dim_v
+        for name, value in (("n_head_kv", int(self.n_head_kv)),
+                            ("head_dim_k", int(self.head_dim_k)), ("head_dim_v", int(head_dim_v)),
+                            ("type_k", check_cache_type(self.type_k)),
+                            ("type_v", check_cache_type(self.type_v))):
+            object.__setattr__(self, name, value)
 
 
 class KVCache:
     """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
 
+    rows: what each of the n_layer layers keeps per cell (`KVRows`: heads, head sizes, types).
+    n_seq_max: the sequences the cells may belong to (the engine's slots).
     layer_rope: one `RopeSpec` per layer (None for a layer without RoPE, whose K is left as
     it is), used to re-rope K when positions are shifted (`seq_add`); without it, shifting
     raises.
@@ -49,9 +63,8 @@ class KVCache:
     rows (`backend.kv_store`); None: host memory.
     """
 
-    def __init__(self, n_ctx: int, n_layer: int, n_head_kv: int, head_dim_k: int,
-                 head_dim_v: int | None = None, type_k: str = "f16", type_v: str = "f16",
-                 n_seq_max: int = 1, layer_rope: Sequence[RopeSpec] | None = None,
+    def __init__(self, n_ctx: int, n_layer: int, rows: KVRows, n_seq_max: int = 1,
+                 layer_rope: Sequence[RopeSpec] | None = None,
                  layer_backends: Sequence | None = None):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -59,12 +72,12 @@ class KVCache:
             raise ValueError(f"n_seq_max must be positive, got {n_seq_max}")
         if layer_rope is not None and len(layer_rope) != n_layer:
             raise ValueError(f"{len(layer_rope)} RoPE specs for {n_layer} layers")
-        head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
         self._n_ctx = int(n_ctx)
         self.n_layer = int(n_layer)
-        self.n_head_kv = int(n_head_kv)
-        self.head_dim_k, self.head_dim_v = int(head_dim_k), int(head_dim_v)
-        self.type_k, self.type_v = check_cache_type(type_k), check_cache_type(type_v)
+        self.rows = rows
+        self.n_head_kv = rows.n_head_kv
+        self.head_dim_k, self.head_dim_v = rows.head_dim_k, rows.head_dim_v
+        self.type_k, self.type_v = rows.type_k, rows.type_v
         self.n_seq_max = int(n_seq_max)
         self.layer_rope = list(layer_rope) if layer_rope is not None else None
         if layer_backends is not None and len(layer_backends) != n_layer:
@@ -72,11 +85,11 @@ class KVCache:
 
         def store(il, type_name, head_dim):
             if layer_backends is None:
-                return HostKVStore(type_name, self._n_ctx, n_head_kv, head_dim)
-            return layer_backends[il].kv_store(type_name, self._n_ctx, n_head_kv, head_dim)
+                return HostKVStore(type_name, self._n_ctx, rows.n_head_kv, head_dim)
+            return layer_backends[il].kv_store(type_name, self._n_ctx, rows.n_head_kv, head_dim)
 
-        self.k = [store(il, self.type_k, head_dim_k) for il in range(n_layer)]
-        self.v = [store(il, self.type_v, head_dim_v) for il in range(n_layer)]
+        self.k = [store(il, rows.type_k, rows.head_dim_k) for il in range(n_layer)]
+        self.v = [store(il, rows.type_v, rows.head_dim_v) for il in range(n_layer)]
         self.pos = np.full(self._n_ctx, -1, np.int32)  # -1: empty cell
         self.seq = np.zeros((self._n_ctx, self.n_seq_max), np.bool_)
 

@@ -2,7 +2,7 @@
 architecture registry.
 
     gguf = GGUFFile.open(path)
-    model = Model.load(gguf, n_ctx=2048)
+    model = Model.load(gguf, LoadConfig(n_ctx=2048))
     logits = model.decode(Batch(prompt_ids))           # (1, n_vocab): the last token's row
     logits = model.decode(Batch([next_id]))            # continues sequence 0 through the cache
     all_rows = model.logits_for(token_ids)             # a fresh sequence, one row per token
@@ -19,11 +19,12 @@ position 0, attend only to their own tokens — bidirectionally for an encoder (
 for a decoder — without the KV cache (as llama.cpp runs its encoders), so it never touches the
 sequences generations keep there. An encoder's cache holds no K/V rows at all.
 
-GPU offload (llama.cpp's -ngl, -mg, -ts, -sm, --no-kv-offload): `Model.load(...,
-n_gpu_layers=N)` places the layers as llama_model::load_tensors does (inference/cuda/offload.py)
-and runs each on its backend; activations cross a device boundary once per boundary per batch
-(`Backend.take`). Without a usable GPU, or when the device runs out of memory while loading,
-the model loads on the CPU and `offload_note` says why in one line.
+GPU offload (llama.cpp's -ngl, -mg, -ts, -sm, --no-kv-offload): `Model.load(gguf,
+LoadConfig(offload=OffloadOptions(n_gpu_layers=N)))` places the layers as
+llama_model::load_tensors does (inference/cuda/offload.py) and runs each on its backend;
+activations cross a device boundary once per boundary per batch (`Backend.take`). Without a
+usable GPU, or when the device runs out of memory while loading, the model loads on the CPU and
+`offload_note` says why in one line.
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ from .archs.base import Architecture, WeightLoader
 from .backend import KQMask
 from .cpu.backend import CPUBackend
 from .catalog import UnsupportedArchitectureError, get_arch
+from .config import LoadConfig, config_or_defaults
 from .embedding import POOLINGS, pool
 from .hparams import HParams, ModelMetadataError, read_hparams
-from .kv_cache import KVCache, KVCacheFullError, check_cache_type
+from .kv_cache import KVCache, KVCacheFullError, KVRows
 from .memory import check_kv_fits, kv_bytes_per_cell
 
 __all__ = ["Architecture", "Batch", "EmbeddingContext", "EmbeddingOnlyError", "ForwardContext",
@@ -165,8 +167,8 @@ class ForwardContext:
         return m
 
     def visible_cells(self, n_swa: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each token's visible cells in position order (attention.visible_cells), once per batch and
-        window: the order a token's attention sums visit them, so that its result does not
+        """Each token's visible cells in position order (attention.visible_cells), once per batch
+        and window: the order a token's attention sums visit them, so that its result does not
         depend on where the cache put its cells (wherever other requests left room)."""
         key = ("cells", n_swa)
         cells = self._masks.get(key)
@@ -264,9 +266,13 @@ class Model:
     """A loaded model with its KV cache. `decode(batch)` → logits of the rows that asked."""
 
     def __init__(self, gguf, arch: Architecture, hparams: HParams, backend, n_ctx: int,
-                 cache_type_k: str = "f16", cache_type_v: str = "f16", n_seq_max: int = 1,
-                 n_ubatch: int = 512, owns_file: bool = False, placement=None):
+                 config: LoadConfig | None = None, owns_file: bool = False, placement=None):
+        """A model over `gguf` with a KV cache of `n_ctx` cells (resolved: never 0) in config's
+        cache types, one sequence per slot (config.n_parallel), micro-batches of
+        config.n_ubatch; `backend` is the CPU's, `placement` where each part runs (None: all on
+        `backend`). Model.load builds these from a file."""
         from .placement import cpu_only
+        config = config_or_defaults(config)
         self.gguf = gguf
         self.arch = arch
         self.hparams = hparams
@@ -278,12 +284,12 @@ class Model:
         self.layer_backends = list(self.placement.layers)
         self.kv_backends = list(self.placement.kv)
         self.backends = self.placement.backends
-        self.n_ubatch = int(n_ubatch)
+        self.n_ubatch = config.n_ubatch
         self._owns_file = owns_file
         # weights first: every tensor is checked against the hyperparameters before the cache
         # (the one big allocation) is made
         self.weights = arch.load_weights(WeightLoader(gguf, self), hparams)
-        cache_type_k, cache_type_v = check_cache_type(cache_type_k), check_cache_type(cache_type_v)
+        cache_type_k, cache_type_v = config.cache_type_k, config.cache_type_v
         # an encoder attends without the cache (llama.cpp gives it no memory): its cache keeps
         # the cells' bookkeeping for the engine's slots but no K/V rows
         n_cached = 0 if hp.encoder else hp.n_layer
@@ -294,23 +300,22 @@ class Model:
                       - sum(getattr(be, "weight_bytes", 0) for be in self.backends))
         # how each layer rotates Q and K: attention and the cache's position shift share it
         self.layer_rope = [arch.layer_rope(hp, il, n_ctx) for il in range(hp.n_layer)]
-        self.kv = KVCache(n_ctx, n_cached, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v,
-                          type_k=cache_type_k, type_v=cache_type_v, n_seq_max=n_seq_max,
+        rows = KVRows(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, cache_type_k, cache_type_v)
+        self.kv = KVCache(n_ctx, n_cached, rows, n_seq_max=config.n_parallel,
                           layer_rope=self.layer_rope[:n_cached],
                           layer_backends=self.kv_backends[:n_cached])
         self._graphs = self._decode_graphs()
 
     @classmethod
-    def load(cls, gguf_file, n_ctx: int, cache_type_k: str = "f16", cache_type_v: str = "f16",
-             n_seq_max: int = 1, backend=None, n_ubatch: int = 512, n_gpu_layers=0,
-             main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
-             split_mode: str = "layer") -> "Model":
-        """A model from an open GGUFFile (or a path), with a KV cache of `n_ctx` cells (0: the
-        model's training context). n_gpu_layers, main_gpu, tensor_split, offload_kv and
-        split_mode are llama.cpp's -ngl (a count, -1 or "all", "auto"), -mg, -ts, -nkvo
-        (negated) and -sm; `offload_note` says why the GPU is not used when it is not."""
+    def load(cls, gguf_file, config: LoadConfig | None = None, backend=None) -> "Model":
+        """A model from an open GGUFFile (or a path), loaded as `config` says (LoadConfig: the
+        KV cache's n_ctx cells, 0 for the model's training context, its cache types, one
+        sequence per slot, micro-batches of n_ubatch, and the GPU offload options, llama.cpp's
+        -ngl, -mg, -ts, -sm and --no-kv-offload). `backend`: the CPU's (a CPUBackend when None).
+        `offload_note` says why the GPU is not used when it is not."""
         from .cuda.offload import place
         from .cuda.runtime import DeviceOutOfMemory
+        config = config_or_defaults(config)
         owns = False
         if isinstance(gguf_file, (str, os.PathLike)):
             from .gguf import GGUFFile
@@ -319,16 +324,10 @@ class Model:
         try:
             spec = get_arch(gguf_file.metadata.get("general.architecture"))
             hp = read_hparams(gguf_file, spec)
-            if n_ctx < 0:
-                raise ValueError(f"the context size must be 0 (the model's own, "
-                                 f"{hp.n_ctx_train}) or positive, not {n_ctx}")
-            n_ctx = int(n_ctx) or hp.n_ctx_train
+            n_ctx = config.n_ctx or hp.n_ctx_train
             cpu = backend or CPUBackend()
-            placement = place(gguf_file, hp, n_ctx, check_cache_type(cache_type_k),
-                              check_cache_type(cache_type_v), n_ubatch, cpu, n_gpu_layers,
-                              main_gpu, tensor_split, offload_kv, split_mode)
-            args = (gguf_file, spec.load(), hp, cpu, n_ctx, cache_type_k, cache_type_v,
-                    n_seq_max, n_ubatch, owns)
+            placement = place(gguf_file, hp, config, n_ctx, cpu)
+            args = (gguf_file, spec.load(), hp, cpu, n_ctx, config, owns)
             try:
                 return cls(*args, placement=placement)
             except DeviceOutOfMemory as e:  # llama.cpp would stop; the CPU can run the model

@@ -21,6 +21,10 @@ The rules are those of llama_model::load_tensors (src/llama-model.cpp) and llama
   both plan through `plan_offload` with `auto_margin`, so a label ("partial GPU offload (N
   layers)") is the plan the loader follows with -ngl auto.
 
+The options arrive checked, as one `OffloadOptions` (config.py, built once where they come in);
+`plan_offload` checks only what needs the devices: that `-mg` names one, and that `-ts` gives one
+non-negative share per device.
+
 `Placement` is the outcome: the backend of every part of a model (the CPU's, or a GPU's from
 `cuda.offload.place`), with `model_sizes` and `work_bytes` measuring a model for the plan.
 
@@ -33,15 +37,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .config import OffloadError, OffloadOptions
+from .memory import CACHE_BYTES_PER_VALUE
+
+__all__ = ["DEFAULT_MARGIN", "CACHE_BYTES_PER_VALUE", "ModelDims", "OffloadError", "OffloadPlan",
+           "Placement", "auto_margin", "cpu_only", "device_work_bytes", "model_sizes",
+           "plan_offload", "work_bytes"]
+
 DEFAULT_MARGIN = 1 << 30  # llama.cpp's fit_params_target: 1 GiB per device
-SPLIT_MODES = ("layer", "none")
 # the CUDA backend's working-memory caps (inference/cuda/backend.py: TILE_VALUES, SCORE_VALUES)
 TILE_BYTES = (64 << 20) * 2
 SCORE_BYTES = (32 << 20) * 4
-
-
-class OffloadError(ValueError):
-    """Offload options that cannot be honoured (bad -ngl / -mg / -ts / -sm values)."""
 
 
 @dataclass(frozen=True)
@@ -67,19 +73,6 @@ class OffloadPlan:
         output = "CPU" if self.output_device is None else f"GPU {self.output_device}"
         return (f"offloaded {self.n_gpu_layers}/{self.n_layer + 1} layers to GPU "
                 f"(repeating layers {where or 'none'}; output layer on {output})")
-
-
-def parse_n_gpu_layers(value) -> int | str:
-    """An -ngl value: a number (negative = all), 'all' or 'auto'."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return int(value)
-    text = str(value).strip().lower()
-    if text in ("auto", "all"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise OffloadError(f"-ngl: {value!r} is not a layer count, 'all' or 'auto'") from None
 
 
 def _per_layer(name: str, value, n_layer: int) -> list[int]:
@@ -145,16 +138,18 @@ def _plan(n_layer, n_gpu, devices, splits, layer_bytes, output_bytes, kv_bytes, 
 
 
 def plan_offload(n_layer: int, layer_bytes, output_bytes: int, kv_bytes_per_layer,
-                 devices_free: Sequence[int], n_gpu_layers="auto", main_gpu: int = 0,
-                 tensor_split: Sequence[float] | None = None, offload_kv: bool = True,
-                 margin: int = DEFAULT_MARGIN, split_mode: str = "layer") -> OffloadPlan:
-    """Place the layers of a model of `n_layer` repeating layers on the devices.
+                 devices_free: Sequence[int], options: OffloadOptions,
+                 margin: int = DEFAULT_MARGIN) -> OffloadPlan:
+    """Place the layers of a model of `n_layer` repeating layers on the devices, as
+    llama_model::load_tensors does for the offload options (see the module docstring).
 
     layer_bytes / kv_bytes_per_layer: bytes of each repeating layer's weights and of its KV
     cache (one int for all layers, or one per layer); output_bytes: the output norm and matrix
     (the token embedding's size when they are tied); devices_free: free bytes per device
-    (cudaMemGetInfo), which also sets the default split; n_gpu_layers: an -ngl value (see
-    `parse_n_gpu_layers`); margin: bytes `auto` leaves free on each device.
+    (cudaMemGetInfo), which also sets the default split; options: -ngl, -mg, -ts, -sm and
+    --no-kv-offload, already checked (OffloadOptions); margin: bytes `auto` leaves free on each
+    device. Here the options meet the devices: OffloadError for a -mg device that does not
+    exist, or -ts shares that are not one non-negative number per device.
     """
     n_layer = int(n_layer)
     if n_layer < 0:
@@ -162,20 +157,19 @@ def plan_offload(n_layer: int, layer_bytes, output_bytes: int, kv_bytes_per_laye
     layer_bytes = _per_layer("layer_bytes", layer_bytes, n_layer)
     kv_bytes = _per_layer("kv_bytes_per_layer", kv_bytes_per_layer, n_layer)
     free = [int(f) for f in devices_free]
-    ngl = parse_n_gpu_layers(n_gpu_layers)
-    if split_mode not in SPLIT_MODES:
-        raise OffloadError(f"-sm: {split_mode!r} is not one of {', '.join(SPLIT_MODES)}")
-    if free and not 0 <= int(main_gpu) < len(free):
-        raise OffloadError(f"-mg: device {main_gpu} does not exist "
+    if free and options.main_gpu >= len(free):
+        raise OffloadError(f"-mg: device {options.main_gpu} does not exist "
                            f"({len(free)} device(s): 0..{len(free) - 1})")
-    devices = list(range(len(free))) if split_mode == "layer" else [int(main_gpu)] if free else []
+    by_layer = options.split_mode == "layer"
+    devices = list(range(len(free))) if by_layer else [options.main_gpu] if free else []
     splits = _cumulative_splits([free[d] for d in devices],
-                                tensor_split if split_mode == "layer" else None) if devices else []
+                                options.tensor_split if by_layer else None) if devices else []
 
     def plan(n_gpu: int) -> OffloadPlan:
         return _plan(n_layer, n_gpu, devices, splits, layer_bytes, int(output_bytes), kv_bytes,
-                     offload_kv, len(free))
+                     options.offload_kv, len(free))
 
+    ngl = options.n_gpu_layers
     if ngl == "all" or (isinstance(ngl, int) and ngl < 0):
         return plan(n_layer + 1)
     if ngl != "auto":
@@ -187,19 +181,39 @@ def plan_offload(n_layer: int, layer_bytes, output_bytes: int, kv_bytes_per_laye
     return plan(0)
 
 
-def device_work_bytes(n_embd: int, n_ff: int, n_vocab: int, n_head: int, n_head_kv: int,
-                      head_dim_k: int, head_dim_v: int, n_ctx: int, n_ubatch: int = 512,
+@dataclass(frozen=True)
+class ModelDims:
+    """The widths a forward pass's working memory grows with (HParams' names; n_head_kv: the
+    most of any layer)."""
+    n_embd: int
+    n_ff: int
+    n_vocab: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+
+    @classmethod
+    def of(cls, hp) -> "ModelDims":
+        """The dims of a model's HParams."""
+        return cls(hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                   hp.head_dim_v)
+
+
+def device_work_bytes(dims: ModelDims, n_ctx: int, n_ubatch: int = 512,
                       largest_matrix: int = 0) -> int:
     """The most device memory a forward pass uses besides weights and KV rows (the CUDA
     backend's compute buffers, as llama.cpp reserves its compute buffer): a micro-batch's
-    activations and logits, the fp16 tile of the largest matrix (capped as the backend caps it),
-    attention scores (capped) and every cell's K and V in float32 for a prompt's attention."""
+    activations and logits, the fp16 tile of the largest matrix (`largest_matrix` values,
+    capped as the backend caps it), attention scores (capped) and every cell's K and V in
+    float32 for a prompt's attention."""
+    d = dims
     u = max(1, min(n_ubatch, n_ctx))
-    width = 4 * n_embd + n_head * (head_dim_k + head_dim_v) + 3 * n_ff + n_vocab
+    width = 4 * d.n_embd + d.n_head * (d.head_dim_k + d.head_dim_v) + 3 * d.n_ff + d.n_vocab
     activations = 4 * u * width
-    tile = min(2 * largest_matrix, TILE_BYTES) + 2 * u * max(n_embd, n_ff)
-    scores = min(4 * n_head * u * n_ctx, SCORE_BYTES)
-    kv_f32 = 4 * n_ctx * n_head_kv * (head_dim_k + head_dim_v)
+    tile = min(2 * largest_matrix, TILE_BYTES) + 2 * u * max(d.n_embd, d.n_ff)
+    scores = min(4 * d.n_head * u * n_ctx, SCORE_BYTES)
+    kv_f32 = 4 * n_ctx * d.n_head_kv * (d.head_dim_k + d.head_dim_v)
     return int(activations + tile + scores + kv_f32)
 
 
@@ -210,7 +224,6 @@ def auto_margin(work_bytes: int) -> int:
 
 # ----------------------------------------------------------------------------- a model's placement
 
-KV_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}
 
 
 @dataclass
@@ -260,13 +273,12 @@ def model_sizes(gguf, hp, n_ctx: int, type_k: str, type_v: str) -> tuple[list, i
                  "output_norm.weight"):
         if name in gguf.tensors:
             output_bytes += gguf.tensors[name].nbytes
-    kv = int(n_ctx * hp.n_head_kv * (hp.head_dim_k * KV_BYTES_PER_VALUE[type_k]
-                                     + hp.head_dim_v * KV_BYTES_PER_VALUE[type_v]))
+    kv = int(n_ctx * hp.n_head_kv * (hp.head_dim_k * CACHE_BYTES_PER_VALUE[type_k]
+                                     + hp.head_dim_v * CACHE_BYTES_PER_VALUE[type_v]))
     return layer_bytes, output_bytes, [kv] * hp.n_layer
 
 
 def work_bytes(gguf, hp, n_ctx: int, n_ubatch: int) -> int:
     """device_work_bytes for this model."""
     largest = max((t.n_elements for t in gguf.tensors.values() if len(t.shape) == 2), default=0)
-    return device_work_bytes(hp.n_embd, hp.n_ff, hp.n_vocab, hp.n_head, hp.n_head_kv,
-                             hp.head_dim_k, hp.head_dim_v, n_ctx, n_ubatch, largest)
+    return device_work_bytes(ModelDims.of(hp), n_ctx, n_ubatch, largest)

@@ -3,8 +3,25 @@ with them (the CPU's `cpu.ops.rope_apply`, CUDA's `cuda.elementwise.rope`)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's context extension (ggml's rope_yarn): ext_factor mixes the scaled angle back to the
+    unscaled one on the pairs that turn more than beta_fast times (fully) to beta_slow times (not
+    at all) over n_ctx_orig positions, the model's original context (llama.cpp's
+    yarn_ext_factor, yarn_beta_fast, yarn_beta_slow and n_ctx_orig_yarn)."""
+    n_ctx_orig: int
+    ext_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self):
+        if self.ext_factor and int(self.n_ctx_orig) <= 0:
+            raise ValueError("rope: YaRN (ext_factor set) needs the original context length")
 
 
 class RopeSpec:
@@ -15,9 +32,8 @@ class RopeSpec:
     freq_scale:   1/scaling factor (linear scaling; YaRN's interpolation)
     neox:         pairs `(i, i + n_dims/2)` instead of `(2i, 2i+1)`
     freq_factors: per-pair divisors of the angle (Llama 3.1's rope_freqs, LongRoPE's factors)
-    n_ctx_orig, ext_factor, beta_fast, beta_slow: YaRN (ggml's rope_yarn): ext_factor mixes the
-                  scaled angle back to the unscaled one on the pairs that turn more than
-                  beta_fast times (fully) to beta_slow times (not at all) over n_ctx_orig positions
+    yarn:         YaRN's parameters (a `Yarn`), or None without YaRN; kept as the attributes
+                  n_ctx_orig, ext_factor, beta_fast, beta_slow (0, 0.0, 32.0, 1.0 without)
     attn_factor:  the magnitude cos and sin are multiplied by (llama_context's yarn_attn_factor,
                   times 1 + 0.1·ln(1/freq_scale) when ext_factor is set, as rope_yarn does)
     """
@@ -26,9 +42,8 @@ class RopeSpec:
                  "ext_factor", "attn_factor", "beta_fast", "beta_slow")
 
     def __init__(self, n_dims: int, freq_base: float, freq_scale: float = 1.0, neox: bool = False,
-                 freq_factors: np.ndarray | None = None, *, n_ctx_orig: int = 0,
-                 ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0,
-                 beta_slow: float = 1.0):
+                 freq_factors: np.ndarray | None = None, *, yarn: Yarn | None = None,
+                 attn_factor: float = 1.0):
         if n_dims <= 0 or n_dims % 2:
             raise ValueError(f"rope: n_dims must be a positive even number, got {n_dims}")
         self.n_dims = int(n_dims)
@@ -40,13 +55,12 @@ class RopeSpec:
         if self.freq_factors is not None and self.freq_factors.shape != (self.n_dims // 2,):
             raise ValueError(f"rope: {self.freq_factors.shape} frequency factors for "
                              f"{self.n_dims // 2} pairs")
-        self.n_ctx_orig = int(n_ctx_orig)
-        self.ext_factor = float(ext_factor)
+        yarn = yarn or Yarn(0, ext_factor=0.0)
+        self.n_ctx_orig = int(yarn.n_ctx_orig)
+        self.ext_factor = float(yarn.ext_factor)
+        self.beta_fast = float(yarn.beta_fast)
+        self.beta_slow = float(yarn.beta_slow)
         self.attn_factor = float(attn_factor)
-        self.beta_fast = float(beta_fast)
-        self.beta_slow = float(beta_slow)
-        if self.ext_factor and self.n_ctx_orig <= 0:
-            raise ValueError("rope: YaRN (ext_factor set) needs the original context length")
 
     def theta_scale(self) -> np.float32:
         """base^(-2/n_dims) in float32 (ggml's theta_scale)."""

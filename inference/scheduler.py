@@ -21,7 +21,7 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   "context_full".
 - `cancel(request)` from any thread: a queued request ends at once, a prefilling or generating one
   at the next step; either way its slot is free again.
-- A request with a `constraint` (inference/constraint.py: a JSON schema, regex, Lark or GBNF
+- A request with a `constraint` (inference/chat/constraint.py: a JSON schema, regex, Lark or GBNF
   grammar) samples only what the grammar allows; tokens the grammar forces are appended to the
   slot's next batch together with the sampled one (decoded at once, not one step each), and the
   request ends ("eog") as soon as the grammar is complete.
@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .chat.constraint import Constraint, ConstraintError, ConstraintSpec
+from .config import CONTEXT_POLICIES
 from .cpu.matmul import int8_decode
 from .model import Batch
 from .sampling import Sampler, SamplingParams, StopStringMatcher, all_finite
@@ -61,7 +62,6 @@ __all__ = ["ConstraintError", "ConstraintSpec", "ContextFullError", "GenerationE
            "NonFiniteLogitsError", "QueueFullError", "Request", "Scheduler", "SlotState"]
 
 SLOT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity
-CONTEXT_POLICIES = ("error", "shift")
 
 
 class ContextFullError(ValueError):
@@ -343,7 +343,7 @@ class Scheduler:
         own team of workers, and once libgomp manages more threads than there are cores it
         lets them sleep after every kernel instead of spinning, so a second launching thread
         that stays alive (a server's thread pool after one embeddings request) made every
-        later decode step about 3x slower."""
+        later decode step several times slower (docs/serving.md)."""
         with self._lock:
             job = _Job(fn) if self.serving else None
             if job is not None:

@@ -26,7 +26,7 @@ The estimate is what the engine's process holds at its peak (resident memory), i
   `first_run_extra_bytes` higher, once; that is not in `total_bytes`.
 
 GPU labels are plans: "fits in GPU" and "partial GPU offload (N layers)" come from the engine's
-own planner (`inference.cuda.placement.plan_offload`, llama.cpp's -ngl rule, the output layer
+own planner (`inference.placement.plan_offload`, llama.cpp's -ngl rule, the output layer
 counted as a layer) with the margin -ngl auto keeps, so N is what the loader offloads with
 -ngl auto on the same free memory.
 
@@ -39,12 +39,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from llamatui.inference.catalog import (ARCHITECTURES, ENGINE_TYPES, MIXES_BY_NAME, Arch,
-                                        runs_here)
-from llamatui.inference.placement import (OffloadPlan, auto_margin, device_work_bytes,
-                                               plan_offload)
+from llamatui.inference.catalog import ARCHITECTURES, MIXES_BY_NAME, Arch
+from llamatui.inference.config import OffloadOptions
+from llamatui.inference.placement import (ModelDims, OffloadPlan, auto_margin, device_work_bytes,
+                                          plan_offload)
 from llamatui.inference.hparams import ModelMetadataError, read_hparams
 from llamatui.inference.memory import CACHE_BYTES_PER_VALUE
+from llamatui.inference.support import engine_types, runs_here
 
 MiB = 1 << 20
 
@@ -317,9 +318,10 @@ class MemoryEstimate:
     def gpu_work_bytes(self) -> int:
         """The CUDA backend's compute buffers on a device (placement.device_work_bytes)."""
         s = self.shape
-        return device_work_bytes(s.n_embd, s.n_ff, s.n_vocab, s.n_head,
-                                 max(s.n_head_kv or [1]), s.head_dim_k, s.head_dim_v, self.n_ctx,
-                                 self.n_ubatch, s.largest_matrix or s.n_vocab * s.n_embd)
+        dims = ModelDims(s.n_embd, s.n_ff, s.n_vocab, s.n_head, max(s.n_head_kv or [1]),
+                         s.head_dim_k, s.head_dim_v)
+        return device_work_bytes(dims, self.n_ctx, self.n_ubatch,
+                                 s.largest_matrix or s.n_vocab * s.n_embd)
 
     def _kv_layer(self, il: int) -> int:
         s = self.shape
@@ -348,7 +350,7 @@ def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
     swa_cells = min(n_ctx, -(-(s.n_swa + n_ubatch) // 256) * 256) if s.n_swa else n_ctx
     kv_llama = int(sum(b * (swa_cells if (il < len(s.swa_layers) and s.swa_layers[il])
                             else n_ctx) for il, b in enumerate(per_layer_token)))
-    n_types = len(s.tensor_types & ENGINE_TYPES) if s.tensor_types else 3
+    n_types = len(s.tensor_types & engine_types()) if s.tensor_types else 3
     budget, tile = _engine_constants()
     est = MemoryEstimate(
         shape=s, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
@@ -432,7 +434,8 @@ def offload_plan(est: MemoryEstimate, devices_free) -> OffloadPlan:
     s = est.shape
     return plan_offload(s.n_layer, s.layer_bytes, s.output_bytes or s.other_bytes,
                         [est._kv_layer(il) for il in range(s.n_layer)], list(devices_free),
-                        "auto", margin=auto_margin(est.gpu_work_bytes))
+                        OffloadOptions(n_gpu_layers="auto"),
+                        margin=auto_margin(est.gpu_work_bytes))
 
 
 def _devices_free(hw) -> list[int]:

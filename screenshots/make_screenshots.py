@@ -85,8 +85,9 @@ async def shoot(app, out: pathlib.Path, name: str) -> None:
 async def session(out: pathlib.Path, max_tokens: int) -> None:
     from llamatui.app.conversations import ChatSettings, ConversationStore
     from llamatui.app.tui import LlamaTUI
-    from llamatui.app.tui_modals import ErrorModal, WelcomeScreen
-    from llamatui.app.tui_widgets import WARMUP_STAGE
+    from llamatui.app.tui.dialogs.error import ErrorModal
+    from llamatui.app.tui.welcome import WelcomeScreen
+    from llamatui.app.tui.widgets.engine_panel import WARMUP_STAGE
 
     store = ConversationStore.open()
     store.set_state("default_settings", ChatSettings(

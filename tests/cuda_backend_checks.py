@@ -18,6 +18,7 @@ import tempfile
 import types
 
 import numpy as np
+from llamatui.inference import LoadConfig, OffloadOptions
 from llamatui.inference.rope import RopeSpec
 
 BACKEND_CHECKS = {}
@@ -105,7 +106,7 @@ def write_tiny_model(directory, family="llama", type_name="Q8_0") -> pathlib.Pat
                                   norm, qk_norms, without_dense_ffn)
 
     from llamatui.inference.gguf import GGUFValueType, GGUFWriter, ValueType
-    from llamatui.quantizer.rows import quantize
+    from llamatui.inference.quants import quantize
     rng = np.random.default_rng(17)
     n_vocab, n_embd, head_dim = 2 + len(CHARS), 32, 16
     shape = dict(n_layer=2, n_embd=n_embd, n_ff=64, n_head=2, n_head_kv=1)
@@ -171,9 +172,10 @@ def tiny_model(family="llama") -> pathlib.Path:
 
 def greedy(path, **offload):
     """(text, engine info, decode steps replayed from CUDA graphs) of MAX_NEW greedy tokens
-    after PROMPT."""
+    after PROMPT; `offload`: OffloadOptions' fields."""
     from llamatui.inference import Engine
-    engine = Engine.load(path, n_ctx=64, warmup=False, **offload)
+    engine = Engine.load(path, LoadConfig(n_ctx=64, warmup=False,
+                                          offload=OffloadOptions(**offload)))
     try:
         text = "".join(e.text for e in engine.generate(PROMPT, temperature=0.0,
                                                        max_tokens=MAX_NEW))
@@ -316,8 +318,8 @@ def check_backend_kv_store():
         assert_bits(be.rt.download(dev.data), host.data, f"{type_name} rows")
         assert_bits(dev.read_cells(cells), host.read_cells(cells), f"{type_name} read back")
     # a context shift re-ropes the device's K rows as the CPU's
-    from llamatui.inference.kv_cache import KVCache
-    caches = [KVCache(8, 1, 2, 32, type_k="q8_0", layer_rope=[RopeSpec(32, 1e4)],
+    from llamatui.inference.kv_cache import KVCache, KVRows
+    caches = [KVCache(8, 1, KVRows(2, 32, type_k="q8_0"), layer_rope=[RopeSpec(32, 1e4)],
                       layer_backends=[b]) for b in (CPUBackend(), be)]
     for cache in caches:
         cache.store_cells(cells, [4, 5, 6], [(0,)] * 3)
@@ -361,11 +363,11 @@ def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0):
     backends (with softcap: the device against the float64 reference)."""
     from llamatui.inference.backend import KQMask
     from llamatui.inference.cpu.backend import CPUBackend
-    from llamatui.inference.kv_cache import KVCache
+    from llamatui.inference.kv_cache import KVCache, KVRows
     n_head, n_head_kv, d = 4, 2, 32
     be, cpu = cuda_backend(), CPUBackend()
     n_ctx = 40
-    caches = [KVCache(n_ctx, 1, n_head_kv, d, type_k=k_type, type_v=v_type, n_seq_max=2,
+    caches = [KVCache(n_ctx, 1, KVRows(n_head_kv, d, type_k=k_type, type_v=v_type), n_seq_max=2,
                       layer_backends=[b]) for b in (cpu, be)]
     n_old = 24
     cells = np.arange(n_old + n_tok)
@@ -484,9 +486,9 @@ def check_offload_logits():
     from llamatui.inference.model import Batch, Model
     path = tiny_model("llama")
     ids = [0] + [2 + CHARS.index(c) for c in PROMPT]
-    cpu = Model.load(path, n_ctx=64)
+    cpu = Model.load(path, LoadConfig(n_ctx=64))
     with simulated_devices(4 * GIB):
-        gpu = Model.load(path, n_ctx=64, n_gpu_layers=-1)
+        gpu = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers=-1)))
     for batch in (Batch(ids, pos=0, logits=True), Batch([5]), Batch([7]), Batch([9])):
         a, b = cpu.decode(batch), gpu.decode(batch)
         scale = np.abs(a).max()
@@ -506,9 +508,9 @@ def check_offload_moe_logits():
     from llamatui.inference.model import Batch, Model
     path = tiny_model("qwen3moe")
     ids = [0] + [2 + CHARS.index(c) for c in PROMPT]
-    cpu = Model.load(path, n_ctx=64)
+    cpu = Model.load(path, LoadConfig(n_ctx=64))
     with simulated_devices(4 * GIB):
-        gpu = Model.load(path, n_ctx=64, n_gpu_layers=-1)
+        gpu = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers=-1)))
     assert gpu.n_gpu_layers == 3 and gpu._graphs is None
     for batch in (Batch(ids, pos=0, logits=True), Batch([5]), Batch([7]), Batch([9])):
         a, b = cpu.decode(batch), gpu.decode(batch)
@@ -532,9 +534,10 @@ def check_offload_graph_replay():
     path = tiny_model("gemma3")
     os.environ["LLAMATUI_CUDA_GRAPHS"] = "0"
     with simulated_devices(4 * GIB):
-        eager = Model.load(path, n_ctx=64, n_gpu_layers=-1, tensor_split=None)
+        eager = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers=-1,
+                                                                         tensor_split=None)))
         os.environ["LLAMATUI_CUDA_GRAPHS"] = "1"
-        graphed = Model.load(path, n_ctx=64, n_gpu_layers=-1)
+        graphed = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers=-1)))
     assert eager._graphs is None and graphed._graphs is not None
     prompt = Batch(list(range(2, 13)), pos=0)
     np.testing.assert_array_equal(eager.decode(prompt), graphed.decode(prompt))
@@ -552,8 +555,10 @@ def check_offload_tied_output():
     from llamatui.inference.model import Model
     path = tiny_model("gemma3")
     with simulated_devices(4 * GIB):
-        head_only = Model.load(path, n_ctx=64, n_gpu_layers=1, split_mode="none")
-        everything = Model.load(path, n_ctx=64, n_gpu_layers=-1, split_mode="none")
+        head_only = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=1, split_mode="none")))
+        everything = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=-1, split_mode="none")))
     gpu = head_only.placement.output
     assert head_only.placement.input.device is None and gpu.device is not None
     assert "token_embd.weight" in gpu._weights and head_only.weights.output is not \
@@ -561,7 +566,7 @@ def check_offload_tied_output():
     gpu = everything.placement.output
     assert everything.placement.input is gpu and everything.weights.output is \
         everything.weights.tok_embd
-    cpu = Model.load(path, n_ctx=64)
+    cpu = Model.load(path, LoadConfig(n_ctx=64))
     for model in (head_only, everything):
         a, b = cpu.decode([0, 5, 6]), model.decode([0, 5, 6])
         assert np.abs(a - b).max() <= 0.02 * np.abs(a).max()
@@ -575,8 +580,8 @@ def check_offload_crossings():
     leave once; the batch inputs go up once per device."""
     from llamatui.inference.model import Batch, Model
     with simulated_devices(4 * GIB, 4 * GIB):
-        model = Model.load(tiny_model("llama"), n_ctx=64, n_gpu_layers=2,
-                           tensor_split=(1, 1))
+        model = Model.load(tiny_model("llama"), LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=2, tensor_split=(1, 1))))
     gpus = model.placement.gpu_backends
     assert [be.device for be in model.layer_backends] == [None, 0] \
         and model.backend_for(2) is gpus[1], model.placement.plan
@@ -601,7 +606,8 @@ def check_offload_out_of_memory():
     """A device too small for the model: the model loads on the CPU and says why."""
     from llamatui.inference.model import Model
     with simulated_devices(4096):
-        model = Model.load(tiny_model("llama"), n_ctx=64, n_gpu_layers=-1)
+        model = Model.load(tiny_model("llama"), LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=-1)))
     assert model.n_gpu_layers == 0 and model.placement.gpu_backends == []
     assert model.offload_note.startswith("out of memory on GPU 0") \
         and model.offload_note.endswith("while loading the model; running on the CPU"), \
@@ -626,10 +632,11 @@ def check_offload_auto():
         margin = auto_margin(work_bytes(g, hp, 64, 512))
     room = margin + output + layers[1] + kv[1] + 1000
     with simulated_devices(room):
-        model = Model.load(path, n_ctx=64, n_gpu_layers="auto")
+        model = Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers="auto")))
     assert model.n_gpu_layers == 2 and [be.device for be in model.layer_backends] == [None, 0]
     with simulated_devices(4 * GIB):
-        assert Model.load(path, n_ctx=64, n_gpu_layers="auto").n_gpu_layers == 3
+        assert Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers="auto"))).n_gpu_layers == 3
 
 
 BACKEND_CHECK_NAMES = tuple(BACKEND_CHECKS)

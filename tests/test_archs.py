@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.inference.archs import moe
 from llamatui.inference.catalog import ARCHITECTURES
 from llamatui.inference.engine import Engine
@@ -79,7 +80,7 @@ def test_logits_match_llama_cpp(name, type_name, model_dir, float32_products, ro
     ref = GOLDEN["models"][f"{name}/{type_name}"]
     path = write_model(name, type_name, model_dir)
     assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
-    model = Model.load(path, n_ctx=CASES[name].n_ctx)
+    model = Model.load(path, LoadConfig(n_ctx=CASES[name].n_ctx))
     try:
         logprobs = _log_softmax(model.decode(Batch(TOKENS, pos=0, logits=True)))
     finally:
@@ -114,7 +115,7 @@ def test_encoder_embeddings_match_llama_cpp(family, type_name, model_dir):
     ref = GOLDEN_EMBEDDINGS["models"][f"{family}/{type_name}"]
     path = write_model(family, type_name, model_dir)
     assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
-    model = Model.load(path, n_ctx=256)
+    model = Model.load(path, LoadConfig(n_ctx=256))
     try:
         assert model.hparams.pooling == ("none", "mean", "cls", "last")[ref["pooling_type"]]
         ours = model.embed(EMBED_INPUTS, model.hparams.pooling)  # all inputs in one batch
@@ -130,7 +131,7 @@ def test_encoder_embeddings_match_llama_cpp(family, type_name, model_dir):
 def test_encoder_embeds_texts_like_llama_cpp(family, model_dir):
     """Text in, through the WordPiece vocabulary ([CLS] ... [SEP]) and the engine's API."""
     ref = GOLDEN_EMBEDDINGS["models"][f"{family}/F16"]
-    engine = Engine.load(write_model(family, "F16", model_dir), n_ctx=256, threads=2)
+    engine = Engine.load(write_model(family, "F16", model_dir), LoadConfig(n_ctx=256, threads=2))
     try:
         assert [engine.tokenize(t) for t in EMBED_TEXTS] == ref["text_tokens"]
         vectors = engine.embed(EMBED_TEXTS)
@@ -145,7 +146,7 @@ def test_encoder_embeds_texts_like_llama_cpp(family, model_dir):
 def test_decoding_token_by_token_matches_the_batch(name, model_dir, float32_products):
     """The decode path of each family (single-token kernels, the cache, the sliding windows at
     positions past them) gives the logits the batch gave, to float32 rounding."""
-    model = Model.load(write_model(name, "F16", model_dir), n_ctx=CASES[name].n_ctx)
+    model = Model.load(write_model(name, "F16", model_dir), LoadConfig(n_ctx=CASES[name].n_ctx))
     try:
         batch = _log_softmax(model.decode(Batch(TOKENS, pos=0, logits=True)))
         model.kv.seq_rm(0, -1, -1)
@@ -192,7 +193,7 @@ def test_longrope_factors_follow_the_context_size(model_dir):
     context (256 in the phi3 recipe): 256 cells take the short factors, 257 the long ones."""
     path = write_model("phi3", "F16", model_dir)
     for n_ctx, which in ((256, "short"), (257, "long")):
-        model = Model.load(path, n_ctx=n_ctx)
+        model = Model.load(path, LoadConfig(n_ctx=n_ctx))
         try:
             want = model.gguf.tensors[f"rope_factors_{which}.weight"].dequantize()
             assert all(np.array_equal(r.freq_factors, want) for r in model.layer_rope)

@@ -15,6 +15,7 @@ import struct
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.app.cli import main
 from llamatui.inference.cpu import ops
 from llamatui.inference.chat.template import ChatTemplate
@@ -110,7 +111,7 @@ def test_the_engine_template_takes_bos_and_eos_from_the_tokenizer(tmp_path):
     and out-of-range metadata ids ignored rather than failing the load."""
     path = _tiny(tmp_path, "llama-spm", edits=[
         ("del", "tokenizer.ggml.bos_token_id"), ("set", "tokenizer.ggml.eos_token_id", 999, U32)])
-    with Engine.load(path, n_ctx=64, warmup=False) as engine:
+    with Engine.load(path, LoadConfig(n_ctx=64, warmup=False)) as engine:
         assert (engine.template.bos_token, engine.template.eos_token) == ("<s>", "</s>")
     with pytest.raises(ValueError, match="outside the vocabulary"):  # alone, it has no defaults
         ChatTemplate.from_metadata({**_metadata("llama-spm"),
@@ -123,7 +124,7 @@ def test_the_vocabulary_and_the_embedding_must_agree(tmp_path):
                                    md["tokenizer.ggml.tokens"] + ["extra"],
                                    ValueType(VT.ARRAY, ValueType(VT.STRING))),
                                   ("del", "tokenizer.ggml.token_type")])
-    for load in (lambda: Engine.load(path, n_ctx=64), lambda: estimate_file(path)):
+    for load in (lambda: Engine.load(path, LoadConfig(n_ctx=64)), lambda: estimate_file(path)):
         with pytest.raises(ModelMetadataError, match="token_embd.weight has 128 rows but "
                                                      "tokenizer.ggml.tokens has 129 tokens"):
             load()
@@ -137,7 +138,7 @@ def test_a_non_finite_or_non_positive_epsilon_is_refused_by_the_reader(tmp_path,
     key = "llama.attention.layer_norm_rms_epsilon"
     path = _tiny(tmp_path, edits=[("set", key, value, F32)])
     with pytest.raises(ModelMetadataError, match=re.escape(key)) as info:
-        Engine.load(path, n_ctx=64)
+        Engine.load(path, LoadConfig(n_ctx=64))
     assert f"= {value!r}" in str(info.value) and "expected a finite number in (0, 1]" in \
         str(info.value)
 
@@ -170,7 +171,7 @@ def test_kernels_carry_nan_and_inf_through():
 def test_non_finite_weights_end_in_non_finite_logits_error(tmp_path, tensor, value, whole,
                                                            prompt):
     path = _tiny(tmp_path, tensor_edits=[("fill", tensor, value, whole)])
-    with Engine.load(path, n_ctx=64) as engine:  # its warm-up decode does not fail
+    with Engine.load(path, LoadConfig(n_ctx=64)) as engine:  # its warm-up decode does not fail
         with pytest.raises(NonFiniteLogitsError, match="the model produced non-finite logits"):
             list(engine.generate(prompt, max_tokens=2))
 
@@ -193,7 +194,7 @@ def test_a_context_larger_than_the_machine_is_refused_before_allocating(
         smollm2_path, monkeypatch, no_kv_cache, n_ctx):
     monkeypatch.setenv("LLAMATUI_AVAILABLE_MEMORY", str(24 * GiB))
     with pytest.raises(InsufficientMemoryError) as info:
-        Engine.load(smollm2_path, n_ctx=n_ctx)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=n_ctx))
     message = str(info.value)
     need = float(re.search(r"needs ([\d.]+) GiB", message).group(1))
     assert need > 24 and "21.6 GiB is available" in message  # 90 % of what is available
@@ -203,14 +204,14 @@ def test_a_context_larger_than_the_machine_is_refused_before_allocating(
 def test_the_largest_context_offered_fits(smollm2_path, monkeypatch):
     monkeypatch.setenv("LLAMATUI_AVAILABLE_MEMORY", str(1 * GiB))
     with pytest.raises(InsufficientMemoryError) as info:
-        Engine.load(smollm2_path, n_ctx=10_000_000)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=10_000_000))
     largest = int(re.search(r"-c (\d+)", str(info.value)).group(1))
     assert largest >= 1024
-    with Engine.load(smollm2_path, n_ctx=largest, warmup=False) as engine:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=largest, warmup=False)) as engine:
         assert engine.info.n_ctx == largest
     with pytest.raises(InsufficientMemoryError, match=f"the largest context that fits is -c "
                                                       f"{largest}"):
-        Engine.load(smollm2_path, n_ctx=largest + 256)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=largest + 256))
 
 
 def test_the_model_own_context_is_checked_too(tmp_path, monkeypatch, no_kv_cache):
@@ -218,7 +219,7 @@ def test_the_model_own_context_is_checked_too(tmp_path, monkeypatch, no_kv_cache
     monkeypatch.setenv("LLAMATUI_AVAILABLE_MEMORY", str(24 * GiB))
     path = _tiny(tmp_path, edits=[("set", "llama.context_length", 1 << 30, U32)])
     with pytest.raises(InsufficientMemoryError, match=r"a context of 1073741824 tokens needs"):
-        Engine.load(path, n_ctx=0)
+        Engine.load(path, LoadConfig(n_ctx=0))
 
 
 def test_the_cli_says_what_fits_instead_of_a_traceback(smollm2_path, monkeypatch, capsys):
@@ -234,6 +235,6 @@ def test_a_negative_context_is_an_error(smollm2_path, tmp_path, capsys):
     assert main(["run", "-m", str(smollm2_path), "-p", "hi", "-c", "-5"]) == 2
     assert "minimum context size is 8 (0 = loaded from model)" in capsys.readouterr().err
     with pytest.raises(ValueError, match="the context size must be 0 .* not -5"):
-        Engine.load(smollm2_path, n_ctx=-5)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=-5))
     with pytest.raises(ValueError, match="the context size must be 0 .* not -5"):
-        Model.load(_tiny(tmp_path), n_ctx=-5)
+        Model.load(_tiny(tmp_path), LoadConfig(n_ctx=-5))

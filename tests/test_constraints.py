@@ -1,4 +1,4 @@
-"""Structured output (inference/constraint.py): JSON schemas, regexes and GBNF grammars that
+"""Structured output (inference/chat/constraint.py): JSON schemas, regexes and GBNF grammars that
 every generated token must fit. Without the model: refused schemas name what is unsupported, the
 mask kernel, EOG allowed exactly when the grammar accepts, forced tokens, llama.cpp's check-first
 sampling. With both starter models: every schema of tests/data/json_schemas.json gives output
@@ -17,7 +17,7 @@ import regex
 
 from llamatui.app.cli import run as cmd_run
 from llamatui.app.cli import main
-from llamatui.inference import ConstraintError, ConstraintSpec, Engine, SamplingParams
+from llamatui.inference import ConstraintError, ConstraintSpec, Engine, LoadConfig, SamplingParams
 from llamatui.inference.chat.constraint import Constraint, ConstraintVocab, _apply_mask
 from llamatui.inference.sampling import Sampler
 from llamatui.inference.tokenizers.tokenizer import Tokenizer
@@ -294,13 +294,13 @@ def test_every_grammar_file_has_a_check():
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=1024, threads=2) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=1024, threads=2)) as e:
         yield e
 
 
 @pytest.fixture(scope="module")
 def gemma3(gemma3_path):
-    with Engine.load(gemma3_path, n_ctx=1024, threads=2) as e:
+    with Engine.load(gemma3_path, LoadConfig(n_ctx=1024, threads=2)) as e:
         yield e
 
 
@@ -467,7 +467,8 @@ def test_forced_tokens_are_decoded_in_one_batch(smollm2):
 
 
 def test_constrained_and_free_requests_share_a_batch(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=512, threads=2, n_parallel=2, warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=512, threads=2, n_parallel=2,
+                                              warmup=False)) as e:
         sched = e.scheduler
         schema = next(x for x in SCHEMAS if x["name"] == "a person")["schema"]
         free = e.tokenize("The capital of France is")

@@ -57,24 +57,27 @@ def test_matvec_refuses_a_prompt_sized_batch():
                np.zeros((n, 4), np.float32))
 
 
+def _one_token_mask():
+    from llamatui.inference.cuda.attention import CellMask
+    return CellMask(np.zeros(4, np.int32), np.ones((4, 1), bool), np.zeros(1, np.int64),
+                    np.zeros(1, np.int64))
+
+
 def test_attention_refuses_heads_that_do_not_group():
-    from llamatui.inference.cuda.attention import attention
+    from llamatui.inference.cuda.attention import DeviceKV, attention
     q = np.zeros((1, 3, 32), np.float32)
-    kv = np.zeros((4, 128), np.uint8)
+    kv = DeviceKV(np.zeros((4, 128), np.uint8), "f16", 2, 32)
     with pytest.raises(ValueError, match="3 query heads over 2 KV heads"):
-        attention(q, kv, kv, "f16", "f16", 2, np.zeros(4, np.int32), np.ones((4, 1), bool),
-                  np.zeros(1, np.int64), np.zeros(1, np.int64), 0, 0.1,
-                  np.zeros((1, 3, 32), np.float32))
+        attention(q, kv, kv, _one_token_mask(), 0.1, np.zeros((1, 3, 32), np.float32))
 
 
 def test_attention_refuses_an_unknown_cache_type():
-    from llamatui.inference.cuda.attention import attention
+    from llamatui.inference.cuda.attention import DeviceKV, attention
     q = np.zeros((1, 2, 32), np.float32)
     kv = np.zeros((4, 128), np.uint8)
     with pytest.raises(ValueError, match="q4_0"):
-        attention(q, kv, kv, "q4_0", "f16", 2, np.zeros(4, np.int32), np.ones((4, 1), bool),
-                  np.zeros(1, np.int64), np.zeros(1, np.int64), 0, 0.1,
-                  np.zeros((1, 2, 32), np.float32))
+        attention(q, DeviceKV(kv, "q4_0", 2, 32), DeviceKV(kv, "f16", 2, 32), _one_token_mask(),
+                  0.1, np.zeros((1, 2, 32), np.float32))
 
 
 def test_rope_refuses_tables_of_the_wrong_size():

@@ -1,15 +1,18 @@
 """Layer placement as llama.cpp's llama_model::load_tensors does it, on simulated devices."""
 import pytest
+from llamatui.inference import OffloadOptions
 from llamatui.inference.placement import OffloadError, plan_offload
 
 GIB = 1 << 30
 N_LAYER = 10
 
 
-def plan(n_gpu_layers, devices_free=(100 * GIB,), **kw):
-    kw.setdefault("margin", 0)
-    return plan_offload(N_LAYER, kw.pop("layer_bytes", 100), kw.pop("output_bytes", 50),
-                        kw.pop("kv_bytes", 10), devices_free, n_gpu_layers, **kw)
+def plan(n_gpu_layers, devices_free=(100 * GIB,), margin=0, layer_bytes=100, output_bytes=50,
+         kv_bytes=10, **offload):
+    """plan_offload for N_LAYER layers of these sizes; `offload`: OffloadOptions' other fields."""
+    options = OffloadOptions(n_gpu_layers=n_gpu_layers, **offload)
+    return plan_offload(N_LAYER, layer_bytes, output_bytes, kv_bytes, devices_free, options,
+                        margin=margin)
 
 
 def gpu_layers(p):

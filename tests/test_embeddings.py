@@ -8,8 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from llamatui.inference import ContextFullError, EmbeddingOnlyError, Engine
+from llamatui.inference import ContextFullError, EmbeddingOnlyError, Engine, LoadConfig
 from llamatui.inference.cpu import ops
+from llamatui.inference.quants.fp16 import GELU_F16_TABLE
 from llamatui.inference.embedding import normalize, pool
 from synthetic_models import write_model
 
@@ -18,7 +19,7 @@ MIN_COSINE = 0.999
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=512, threads=2) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=512, threads=2)) as e:
         yield e
 
 
@@ -30,7 +31,7 @@ def golden(golden_dir):
 @pytest.fixture(scope="module")
 def bert_engine(tmp_path_factory):
     path = write_model("bert", "Q8_0", tmp_path_factory.mktemp("bert"))
-    with Engine.load(path, n_ctx=512, threads=2) as e:
+    with Engine.load(path, LoadConfig(n_ctx=512, threads=2)) as e:
         yield e
 
 
@@ -144,7 +145,7 @@ def test_gelu_is_ggmls_fp16_table():
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((300, 512)) * 4).astype(np.float32)
     x[0, :4] = [-10.0, 10.0, 11.5, -12.0]
-    table = ops._gelu_f16_table()
+    table = GELU_F16_TABLE
     want = np.where(x <= -10, np.float32(0), np.where(x >= 10, x,
                                                       table[x.astype(np.float16).view(np.uint16)]))
     np.testing.assert_array_equal(ops.gelu(x), want)

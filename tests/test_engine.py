@@ -3,12 +3,12 @@ import threading
 
 import pytest
 
-from llamatui.inference import ChatTemplateError, ContextFullError, Engine
+from llamatui.inference import ChatTemplateError, ContextFullError, Engine, LoadConfig
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=256, threads=2) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=256, threads=2)) as e:
         yield e
 
 
@@ -100,15 +100,15 @@ def test_logits_shape(engine):
 
 def test_context_policies(smollm2_path):
     long_prompt = "one two three four five six seven eight nine ten " * 12  # > 64 tokens
-    with Engine.load(smollm2_path, n_ctx=64, threads=2, context_policy="error",
-                     warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, context_policy="error",
+                                              warmup=False)) as e:
         with pytest.raises(ContextFullError, match="context holds 64"):
             list(e.generate(long_prompt, max_tokens=4))
         # a short prompt that fills the context while generating stops cleanly
         _, events = _text(e.generate("Count: 1, 2, 3,", temperature=0, max_tokens=200))
         assert events[-1].finish_reason == "context_full" and events[-1].kv_used <= 64
-    with Engine.load(smollm2_path, n_ctx=64, threads=2, context_policy="shift", n_keep=4,
-                     warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, context_policy="shift", n_keep=4,
+                                              warmup=False)) as e:
         _, events = _text(e.generate(long_prompt, temperature=0, max_tokens=4))
         assert events[0].n_prompt < 64 and events[-1].n_generated == 4
         _, events = _text(e.generate("Count: 1, 2, 3,", temperature=0, max_tokens=150))
@@ -121,7 +121,7 @@ def test_gemma_without_template_chats_in_gemma_turns(gemma3_path):
     # with llama.cpp's built-in "gemma" template (llama.cpp itself would use ChatML), and a
     # reply ends at its end-of-generation token <end_of_turn>, which never shows in the text.
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    with Engine.load(gemma3_path, n_ctx=256, threads=2, warmup=False) as e:
+    with Engine.load(gemma3_path, LoadConfig(n_ctx=256, threads=2, warmup=False)) as e:
         assert e.template.name == "gemma" and e.template.origin == "vocabulary"
         assert e.apply_chat_template(question) == \
             "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n" \
@@ -142,8 +142,8 @@ def test_gemma_without_template_chats_in_gemma_turns(gemma3_path):
 
 def test_a_broken_template_does_not_stop_the_model(smollm2_path):
     broken = "{% for m in messages %}{{ m.content"
-    with Engine.load(smollm2_path, n_ctx=64, threads=2, warmup=False,
-                     chat_template=broken) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, warmup=False,
+                                              chat_template=broken)) as e:
         text, events = _text(e.generate("The capital of France is", temperature=0,
                                         max_tokens=3))
         assert events[-1].n_generated == 3

@@ -4,7 +4,9 @@ import math
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.inference.cpu import ops
+from llamatui.inference.quants.fp16 import GELU_F16_TABLE
 from llamatui.inference.gguf import GGUFFile, GGUFWriter
 from llamatui.inference.kv_cache import KVCacheFullError
 from llamatui.inference.catalog import UnsupportedArchitectureError
@@ -22,25 +24,25 @@ def _log_softmax(row: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
     with GGUFFile.open(smollm2_path) as f:
-        yield Model.load(f, n_ctx=256)
+        yield Model.load(f, LoadConfig(n_ctx=256))
 
 
 @pytest.fixture(scope="module")
 def gemma3(gemma3_path):
     with GGUFFile.open(gemma3_path) as f:
-        yield Model.load(f, n_ctx=256)
+        yield Model.load(f, LoadConfig(n_ctx=256))
 
 
 @pytest.fixture(scope="module")
 def smollm2_f32(smollm2_path):
     with GGUFFile.open(smollm2_path) as f:
-        yield Model.load(f, n_ctx=128, cache_type_k="f32", cache_type_v="f32")
+        yield Model.load(f, LoadConfig(n_ctx=128, cache_type_k="f32", cache_type_v="f32"))
 
 
 @pytest.fixture(scope="module")
 def gemma3_f32(gemma3_path):
     with GGUFFile.open(gemma3_path) as f:
-        yield Model.load(f, n_ctx=128, cache_type_k="f32", cache_type_v="f32")
+        yield Model.load(f, LoadConfig(n_ctx=128, cache_type_k="f32", cache_type_v="f32"))
 
 
 def _teacher_forced_figures(model, golden):
@@ -129,7 +131,7 @@ def test_cache_types_stay_close(which, request, float32_products):
     results = {}
     with GGUFFile.open(path) as f:
         for t in ("f32", "f16", "q8_0"):
-            model = Model.load(f, n_ctx=64, cache_type_k=t, cache_type_v=t)
+            model = Model.load(f, LoadConfig(n_ctx=64, cache_type_k=t, cache_type_v=t))
             results[t] = np.stack([_log_softmax(r) for r in model.logits_for(ids)])
             if t == "q8_0":
                 assert model.kv.nbytes < results["nbytes_f16"] * 0.6
@@ -163,14 +165,15 @@ def test_batch_outputs_and_positions(smollm2_f32, golden_smollm2):
 def test_ubatches_give_the_same_logits(smollm2_path, golden_smollm2):
     ids = golden_smollm2["greedy"][6]["prompt_ids"]
     with GGUFFile.open(smollm2_path) as f:
-        whole = Model.load(f, n_ctx=64, cache_type_k="f32", cache_type_v="f32")
-        split = Model.load(f, n_ctx=64, cache_type_k="f32", cache_type_v="f32", n_ubatch=7)
+        whole = Model.load(f, LoadConfig(n_ctx=64, cache_type_k="f32", cache_type_v="f32"))
+        split = Model.load(f, LoadConfig(n_ctx=64, cache_type_k="f32", cache_type_v="f32",
+                                         n_ubatch=7))
         np.testing.assert_allclose(split.logits_for(ids), whole.logits_for(ids), atol=2e-3)
 
 
 def test_full_cache_raises_and_leaves_it_unchanged(smollm2_path):
     with GGUFFile.open(smollm2_path) as f:
-        model = Model.load(f, n_ctx=16)
+        model = Model.load(f, LoadConfig(n_ctx=16))
         model.decode(Batch(list(range(10, 22))))
         assert model.kv.used_cells == 12
         with pytest.raises(KVCacheFullError):
@@ -205,7 +208,7 @@ def test_elementwise_kernels_on_a_prompt_match_ggml():
     g = (rng.standard_normal((300, 512)) * 4).astype(np.float32)
     g[0, :6] = [-10.0, 10.0, 9.999, -9.999, 65504.0, 1e-8]
     u = rng.standard_normal((300, 512)).astype(np.float32)
-    table = ops._gelu_f16_table()
+    table = GELU_F16_TABLE
     looked_up = table[g.astype(np.float16).view(np.uint16)] * u  # numpy rounds to nearest even
     want = np.where(g <= -10, np.float32(0), np.where(g >= 10, g * u, looked_up))
     np.testing.assert_array_equal(ops.geglu(g, u), want)
@@ -335,5 +338,5 @@ def test_unsupported_architecture(tmp_path):
     with GGUFFile.open(path) as f:
         with pytest.raises(UnsupportedArchitectureError, match="unsupported model architecture "
                            "'mamba'; supported: .*gemma3, .*llama") as e:
-            Model.load(f, n_ctx=8)
+            Model.load(f, LoadConfig(n_ctx=8))
     assert isinstance(e.value, ValueError)

@@ -9,6 +9,7 @@ import gguf as gguf_py
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.inference.gguf import (GGUFError, GGUFFile, GGUFValueType, GGUFWriter, split_path,
                                      split_prefix)
 
@@ -103,9 +104,9 @@ def test_first_shard_opens_the_whole_model(smollm2_path, smollm2_shards):
 def test_split_model_gives_the_same_logits(smollm2_path, smollm2_shards):
     from llamatui.inference import Engine
     ids = [1, 9690, 314, 253, 1345, 30]
-    with Engine.load(smollm2_path, n_ctx=64, threads=2, warmup=False) as whole:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, warmup=False)) as whole:
         expected = whole.logits(ids)
-    with Engine.load(smollm2_shards[0], n_ctx=64, threads=2, warmup=False) as split:
+    with Engine.load(smollm2_shards[0], LoadConfig(n_ctx=64, threads=2, warmup=False)) as split:
         assert split.info.file_bytes == sum(os.path.getsize(p) for p in smollm2_shards)
         got = split.logits(ids)
     assert np.array_equal(got, expected)

@@ -1,4 +1,4 @@
-"""The schema output is generated from (inference/json_schema.py, llama.cpp's converter's rules):
+"""The schema output is generated from (inference/chat/json_schema.py, llama.cpp's converter's rules):
 objects hold only the keys they list unless the schema allows others, date-time and time strings
 are bounded. The transform itself, and the compiled grammar (ConstraintSpec's real path into
 llguidance) matched byte by byte against JSON texts; every text the grammar accepts must still

@@ -2,17 +2,19 @@
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.inference.cpu import ops
 from llamatui.inference.gguf import GGUFFile
-from llamatui.inference.kv_cache import KVCache, KVCacheFullError
+from llamatui.inference.kv_cache import KVCache, KVCacheFullError, KVRows
 from llamatui.inference.model import Batch, Model
 from llamatui.inference.quants import dequantize_rows
-from llamatui.inference.rope import RopeSpec
+from llamatui.inference.rope import RopeSpec, Yarn
 
 
 def _cache(n_ctx=16, n_seq_max=3, type_k="f32", type_v="f32", neox=False, rope=None):
     rope = rope or [RopeSpec(32, 10000.0, 1.0, neox), RopeSpec(32, 1e6, 0.5, neox)]
-    return KVCache(n_ctx, len(rope), 2, 32, 32, type_k, type_v, n_seq_max, layer_rope=rope)
+    return KVCache(n_ctx, len(rope), KVRows(2, 32, 32, type_k, type_v), n_seq_max,
+                   layer_rope=rope)
 
 
 def _store(kv, positions, seq):
@@ -97,7 +99,7 @@ def test_seq_add_shifts_positions_and_frees_cells_below_zero():
 def _yarn_and_longrope(neox):
     """A YaRN layer (4x over 8 positions) and one with LongRoPE-style factors and magnitude."""
     factors = np.linspace(1.0, 4.0, 16).astype(np.float32)
-    return [RopeSpec(32, 10000.0, 0.25, neox, n_ctx_orig=8, ext_factor=1.0),
+    return [RopeSpec(32, 10000.0, 0.25, neox, yarn=Yarn(n_ctx_orig=8, ext_factor=1.0)),
             RopeSpec(32, 10000.0, 1.0, neox, factors, attn_factor=1.2)]
 
 
@@ -198,7 +200,8 @@ def test_storage_types_round_trip(type_name, tol, bytes_per_value):
 @pytest.fixture(scope="module")
 def smollm2_seq(smollm2_path):
     with GGUFFile.open(smollm2_path) as f:
-        yield Model.load(f, n_ctx=160, cache_type_k="f32", cache_type_v="f32", n_seq_max=3)
+        yield Model.load(f, LoadConfig(n_ctx=160, cache_type_k="f32", cache_type_v="f32",
+                                       n_parallel=3))
 
 
 def _close(a, b, rel=2e-3):
@@ -250,7 +253,7 @@ def shift_case(request):
     which = request.param
     run = request.getfixturevalue(f"golden_{which}")["greedy"][7]
     with GGUFFile.open(request.getfixturevalue(f"{which}_path")) as f:
-        model = Model.load(f, n_ctx=128, cache_type_k="f32", cache_type_v="f32")
+        model = Model.load(f, LoadConfig(n_ctx=128, cache_type_k="f32", cache_type_v="f32"))
     ids = run["prompt_ids"] + run["tokens"][:12]
     return model, ids, run["tokens"][12]
 
@@ -303,7 +306,7 @@ def test_context_shift_continues_sanely(shift_case):
 def test_sliding_window_masks_incrementally_like_in_a_batch(gemma3_path, golden_gemma3):
     ids = golden_gemma3["greedy"][6]["prompt_ids"][:18]
     with GGUFFile.open(gemma3_path) as f:
-        model = Model.load(f, n_ctx=64, cache_type_k="f32", cache_type_v="f32")
+        model = Model.load(f, LoadConfig(n_ctx=64, cache_type_k="f32", cache_type_v="f32"))
     full_window = model.logits_for(ids)
     model.hparams.n_swa = 6  # a tiny window, to see it work on local layers
     batch = model.logits_for(ids)

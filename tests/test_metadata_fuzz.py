@@ -3,7 +3,7 @@ mutations of tiny models (tests/metadata_fuzz.py: every key the engine, tokenize
 and recommender read, given values of the wrong type, zero, negative, huge, NaN, infinite, empty,
 nested, of the wrong length, removed, or joined by unexpected keys; a few tensors dropped,
 reshaped, retyped or filled with NaN), each run in a worker process through GGUFFile.open and a
-full read, the recommender's estimate, `inspect --json`, Engine.load(n_ctx=64) with its warm-up
+full read, the recommender's estimate, `inspect --json`, Engine.load at n_ctx 64 with its warm-up
 decode, generate("ab", max_tokens=1) and (de)tokenizing. Every case succeeds or ends in one of
 the project's own clear errors; none in another exception type, MemoryError, numpy's or Python's
 internal wording, a crash or a hang over 20 s."""

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.app.cli import main
 from llamatui.inference.engine import Engine
 from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter
@@ -158,7 +159,7 @@ def test_cli_quantize_q4_k_m(smollm2_f16, golden_dir, tmp_path, capsys):
         for name in ("blk.0.attn_norm.weight", "output_norm.weight"):  # copied as they are
             assert np.array_equal(q.tensors[name].data, src.tensors[name].data)
 
-    with Engine.load(out, n_ctx=256, threads=2) as engine:
+    with Engine.load(out, LoadConfig(n_ctx=256, threads=2)) as engine:
         text = "".join(e.text for e in engine.generate("The capital of France is",
                                                        temperature=0, max_tokens=6))
     assert "Paris" in text

@@ -7,6 +7,7 @@ import types
 import pytest
 from hub_server import hub_server, make_gguf, populate  # noqa: F401 (fixture)
 
+from llamatui.inference import LoadConfig
 from llamatui.app.cli import main
 from llamatui.inference.gguf import GGUFFile
 from llamatui.models import hub
@@ -56,7 +57,7 @@ def test_encoders_have_no_kv_cache(tmp_path):
     path = write_model("bert", "F16", tmp_path)
     with GGUFFile.open(path) as g:
         shape = ModelShape.from_gguf(g)
-        model = Model.load(g, n_ctx=512)
+        model = Model.load(g, LoadConfig(n_ctx=512))
         assert model.kv.nbytes == 0
     est = estimate(shape, n_ctx=512)
     assert shape.encoder and est.kv_bytes == est.kv_bytes_per_token == 0
@@ -89,10 +90,14 @@ def test_real_models_shapes(smollm2_path, gemma3_path):
     assert g.kv_bytes_llama_cpp == (15 * 1024 + 3 * 2048) * 512 * 2
 
 
-def test_catalog_engine_types_are_what_the_kernels_compute():
-    from llamatui.inference.catalog import ENGINE_TYPES
-    from llamatui.inference.cpu.matmul import supported_matmul_types
-    assert ENGINE_TYPES == frozenset(supported_matmul_types())
+def test_engine_types_are_the_types_with_cpu_kernels():
+    from llamatui.inference.catalog import MIXES_BY_NAME
+    from llamatui.inference.quants import kernels_of
+    from llamatui.inference.support import engine_types, mix_runs_here, runs_here
+    assert engine_types() == frozenset(kernels_of("cpu")) >= {"F32", "BF16", "Q4_K", "IQ4_XS"}
+    assert mix_runs_here(MIXES_BY_NAME["Q4_K_M"]) and not mix_runs_here(MIXES_BY_NAME["IQ2_XS"])
+    assert runs_here("llama", ["Q4_K", "Q6_K", "F32"])
+    assert not runs_here("llama", ["Q4_K", "IQ2_XS"]) and not runs_here("mamba", ["Q4_K"])
 
 
 def test_remote_header_gives_the_same_estimate(hub_server, smollm2_path, gemma3_path):
@@ -213,9 +218,9 @@ def _bench():
 
 @pytest.mark.parametrize("which", ["smollm2_path", "gemma3_path"])
 def test_estimate_matches_peak_rss(which, request):
-    """Engine.load(path, n_ctx=2048, threads=2) in a fresh process, a chat prompt, 4 tokens:
-    peak RSS (VmHWM) against the estimate for the tokens in the cache, within 15 %. The full-context
-    estimate must also cover this run."""
+    """Engine.load(path, LoadConfig(n_ctx=2048, threads=2)) in a fresh process, a chat prompt,
+    4 tokens: peak RSS (VmHWM) against the estimate for the tokens in the cache, within 15 %.
+    The full-context estimate must also cover this run."""
     path = request.getfixturevalue(which)
     row = _bench().compare(path, n_prompt=16, n_ctx=2048, threads=2)
     print(f"\n{row['model']}: peak RSS {row['peak_rss'] / MiB:.1f} MiB, estimate "

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from llamatui.inference import LoadConfig
 from llamatui.inference import (ContextFullError, Engine, EngineBusyError, EngineClosedError,
                                 NonFiniteLogitsError, QueueFullError, SamplingParams)
 from llamatui.inference.cpu.simd import HAS_INT8_DOT
@@ -18,7 +19,7 @@ from llamatui.inference.scheduler import SlotState
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=1024, threads=2, n_parallel=4) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=1024, threads=2, n_parallel=4)) as e:
         yield e
 
 
@@ -111,7 +112,8 @@ def test_new_request_reuses_the_slot_with_the_longest_prefix(engine):
 
 
 def test_cancel_frees_queued_prefilling_and_generating_requests(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=512, threads=2, n_parallel=1, warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=512, threads=2, n_parallel=1,
+                                              warmup=False)) as e:
         sched = e.scheduler
         long_prompt = e.tokenize("word " * 300)
         got = [queue.SimpleQueue() for _ in range(3)]
@@ -136,7 +138,7 @@ def test_cancel_frees_queued_prefilling_and_generating_requests(smollm2_path):
 
 
 def test_context_shift_keeps_bos_and_the_slot_goes_on(gemma3_path):
-    with Engine.load(gemma3_path, n_ctx=64, threads=2, n_parallel=2, warmup=False) as e:
+    with Engine.load(gemma3_path, LoadConfig(n_ctx=64, threads=2, n_parallel=2, warmup=False)) as e:
         sched = e.scheduler
         bos = e.tokenizer.bos_id
         prompt = e.tokenize("Count: 1, 2, 3,")
@@ -155,7 +157,7 @@ def test_oversized_prompt_is_refused_when_not_truncated(engine):
 
 
 def test_bounded_queue(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=64, threads=2, warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, warmup=False)) as e:
         sched = e.scheduler
         sched.max_queue = 1
         ids = e.tokenize("Hi")
@@ -187,7 +189,7 @@ def test_logprobs_are_the_raw_log_softmax(engine):
 
 
 def test_an_abandoned_generator_does_not_block_the_next_caller(smollm2_path):
-    with Engine.load(smollm2_path, n_ctx=256, threads=2, warmup=False) as e:
+    with Engine.load(smollm2_path, LoadConfig(n_ctx=256, threads=2, warmup=False)) as e:
         gen = e.generate("Tell me a long story", max_tokens=None)
         next(gen)  # started, then dropped without closing
         with pytest.raises(EngineBusyError, match="busy with another generation"):
@@ -204,7 +206,7 @@ def test_an_abandoned_generator_does_not_block_the_next_caller(smollm2_path):
 
 
 def test_generate_after_close(smollm2_path):
-    e = Engine.load(smollm2_path, n_ctx=64, threads=2, warmup=False)
+    e = Engine.load(smollm2_path, LoadConfig(n_ctx=64, threads=2, warmup=False))
     e.close()
     with pytest.raises(EngineClosedError, match="closed"):
         e.generate("Hi")
@@ -215,9 +217,9 @@ def test_generate_after_close(smollm2_path):
 @pytest.mark.parametrize("warmup", [True, False])
 def test_tiny_contexts_are_refused_clearly(smollm2_path, warmup):
     with pytest.raises(ValueError, match="at least 8 tokens"):
-        Engine.load(smollm2_path, n_ctx=1, warmup=warmup)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=1, warmup=warmup))
     with pytest.raises(ValueError, match="0 \\(the model's own\\) or at least"):
-        Engine.load(smollm2_path, n_ctx=-5, warmup=warmup)
+        Engine.load(smollm2_path, LoadConfig(n_ctx=-5, warmup=warmup))
 
 
 def test_non_finite_logits_end_in_a_clear_error(engine, monkeypatch):

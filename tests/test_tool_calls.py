@@ -1,4 +1,4 @@
-"""Tool-call parsing per chat-template family (app/server/tool_calls.py) from outputs in each
+"""Tool-call parsing per chat-template family (inference/chat/tool_calls.py) from outputs in each
 family's format (tests/data/tool_call_outputs.json: replies the model makers published from their
 models, "recorded": Qwen 2.5's parallel calls, Llama 3.1's JSON and built-in tool calls; and
 replies written from each family's documented format, as no model of those families is available

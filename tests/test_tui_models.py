@@ -376,7 +376,7 @@ def test_f5_opens_downloads_from_every_screen_and_tab(home):
 
 
 def test_screen_keys_mean_the_same_everywhere(home):
-    """One table (tui_keys.APP_ACTIONS) drives the app's F-keys, the footers that show them,
+    """One table (tui/keys.APP_ACTIONS) drives the app's F-keys, the footers that show them,
     the command palette and the help screen; no screen binds those keys to anything else."""
     screens = [ChatScreen, ModelsScreen, HardwareScreen, WelcomeScreen, HelpScreen,
                SettingsModal, ModelsModal, ConfirmModal, ErrorModal]

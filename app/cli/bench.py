@@ -4,11 +4,11 @@ is given) and a `threads` column when the CPU runs them (or -t is given)."""
 import json
 import os
 
-from llamatui.inference.bench import run_bench
+from llamatui.inference import LoadConfig, run_bench
 
 from . import UsageError
 from .engine_args import load_engine
-from .flags import add_cache_types, add_offload, add_threads, int_at_least
+from .flags import add_cache_types, add_offload, add_threads, int_at_least, offload_options
 
 
 def add_arguments(p):
@@ -32,11 +32,11 @@ def add_arguments(p):
 def run(args):
     if args.n_prompt == args.n_gen == 0:
         raise UsageError("-p and -n are both 0: there is no test to run")
-    # the same flags as run/perplexity, with a context just big enough for the tests
-    args.ctx_size = args.n_depth + max(args.n_prompt, args.n_gen) + 1
-    args.no_mmap = args.mlock = args.no_context_shift = False
-    args.keep = 0
-    engine = load_engine(args)
+    # llama-bench's context: just big enough for the tests
+    config = LoadConfig(n_ctx=args.n_depth + max(args.n_prompt, args.n_gen) + 1,
+                        threads=args.threads, cache_type_k=args.cache_type_k,
+                        cache_type_v=args.cache_type_v, offload=offload_options(args))
+    engine = load_engine(args, config)
     try:
         results = run_bench(engine, args.n_prompt, args.n_gen, args.repetitions,
                             n_depth=args.n_depth)

@@ -6,7 +6,7 @@ from .flags import int_at_least
 
 
 def add_arguments(p):
-    from llamatui.inference.embedding import POOLINGS
+    from llamatui.inference import POOLINGS
     add_model_arguments(p, default_ctx=512)
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="how a text's token states become one vector (default: the model's "

@@ -1,4 +1,5 @@
-"""The model-loading flags shared by run, perplexity and bench (llama.cpp's names)."""
+"""The model-loading flags shared by run, perplexity, embed, bench and serve (llama.cpp's names),
+and the one place they become the engine's LoadConfig (`load_config`)."""
 import os
 import sys
 
@@ -7,7 +8,7 @@ from rich.console import Console
 from llamatui.models.store import mark_used, resolve_model
 
 from .flags import (add_cache_types, add_ctx_size, add_offload, add_threads, int_at_least,
-                    offload_kwargs)
+                    offload_options)
 
 
 def add_model_arguments(p, default_ctx: int = 4096, model_ctx: bool = True):
@@ -40,7 +41,7 @@ def add_chat_template_arguments(p):
 
 
 def chat_template_from_args(args) -> str | None:
-    """The --chat-template value as Engine.load takes it (a built-in name or Jinja source)."""
+    """The --chat-template value as LoadConfig takes it (a built-in name or Jinja source)."""
     from llamatui.inference import CHAT_TEMPLATE_NAMES
 
     value = getattr(args, "chat_template", None)
@@ -60,24 +61,34 @@ def chat_template_from_args(args) -> str | None:
         raise ValueError(f"cannot read the chat template file {path}: {e}") from None
 
 
-def load_engine(args):
-    """Loads the engine with a status line on stderr."""
+def load_config(args, **changes):
+    """The engine's LoadConfig from the model flags (add_model_arguments, and
+    add_chat_template_arguments where the command has them), built once here and passed whole
+    to Engine.load; `changes` are a command's own values (serve's slots and context policy)."""
+    from llamatui.inference import LoadConfig
+
+    return LoadConfig(**{
+        "n_ctx": args.ctx_size, "threads": args.threads, "cache_type_k": args.cache_type_k,
+        "cache_type_v": args.cache_type_v, "use_mmap": not args.no_mmap, "mlock": args.mlock,
+        "context_policy": "error" if args.no_context_shift else "shift",
+        "n_keep": max(args.keep, 0),  # --keep -1 needs the prompt: the command sets it
+        "chat_template": chat_template_from_args(args), "offload": offload_options(args),
+        **changes})
+
+
+def load_engine(args, config=None):
+    """Loads the engine with a status line on stderr: args.model as `config` says (None: as
+    the model flags say, load_config)."""
     from llamatui.inference import Engine
 
     path = resolve_model(args.model)
-    chat_template = chat_template_from_args(args)
+    config = config if config is not None else load_config(args)
     console = Console(stderr=True)
     with console.status("Loading model…") as status:
         def progress(stage, done, total):
             status.update(f"{stage}…")
 
-        engine = Engine.load(
-            path, n_ctx=args.ctx_size, threads=args.threads, cache_type_k=args.cache_type_k,
-            cache_type_v=args.cache_type_v, use_mmap=not args.no_mmap, mlock=args.mlock,
-            context_policy="error" if args.no_context_shift else "shift",
-            n_keep=max(args.keep, 0),  # --keep -1 needs the prompt: the command sets it
-            progress=progress if sys.stderr.isatty() else None,
-            chat_template=chat_template, **offload_kwargs(args))
+        engine = Engine.load(path, config, progress=progress if sys.stderr.isatty() else None)
     mark_used(path)
     info = engine.info
     gpu = (f", {info.n_gpu_layers}/{info.n_layer + 1} layers on the GPU "
@@ -98,7 +109,7 @@ def gpu_note_to_show(info, requested) -> str:
     """The engine's reason for not using the GPU, when the user should see it: always when -ngl
     was given; with the default (auto) only when a GPU library is installed (a CPU-only install
     has nothing to be told)."""
-    from llamatui.inference.cuda.probe import CUPY_MISSING
+    from llamatui.inference import CUPY_MISSING
     if not info.gpu_note or requested == 0:
         return ""
     if requested is None and CUPY_MISSING in info.gpu_note:

@@ -106,8 +106,10 @@ def chunk_limit(n_chunks: int) -> int | None:
 
 
 def gpu_layers(text: str):
-    """-ngl: a layer count, 'auto' or 'all' (a negative count means all, as in llama.cpp)."""
-    from llamatui.inference.placement import OffloadError, parse_n_gpu_layers
+    """-ngl: a layer count, 'auto' or 'all' (a negative count means all, as in llama.cpp), read
+    by the engine's one reader of the value (parse_n_gpu_layers); only the error is worded here,
+    as argparse words the other flags'."""
+    from llamatui.inference import OffloadError, parse_n_gpu_layers
     try:
         return parse_n_gpu_layers(text)
     except OffloadError:
@@ -156,11 +158,13 @@ def add_offload(p, default_ngl=None) -> None:
                    help="keep the KV cache in host memory (attention runs on the CPU)")
 
 
-def offload_kwargs(args) -> dict:
-    """The offload flags as Engine.load takes them."""
+def offload_options(args):
+    """The offload flags (add_offload) as the engine's OffloadOptions; an -ngl not given is
+    'auto' (args.n_gpu_layers stays None, so that a command can tell it was not given)."""
+    from llamatui.inference import OffloadOptions
     ngl = getattr(args, "n_gpu_layers", None)
-    return {"n_gpu_layers": "auto" if ngl is None else ngl,
-            "main_gpu": getattr(args, "main_gpu", 0),
-            "tensor_split": getattr(args, "tensor_split", None),
-            "offload_kv": not getattr(args, "no_kv_offload", False),
-            "split_mode": getattr(args, "split_mode", "layer")}
+    return OffloadOptions(n_gpu_layers="auto" if ngl is None else ngl,
+                          main_gpu=getattr(args, "main_gpu", 0),
+                          tensor_split=getattr(args, "tensor_split", None),
+                          offload_kv=not getattr(args, "no_kv_offload", False),
+                          split_mode=getattr(args, "split_mode", "layer"))

@@ -23,7 +23,7 @@ def add_arguments(p):
 
 
 def run(args):
-    from llamatui.inference.engine import default_threads
+    from llamatui.inference import default_threads
     from llamatui.quantizer.imatrix import collect_imatrix
 
     path = resolve_model(args.model)

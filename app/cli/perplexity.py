@@ -1,7 +1,7 @@
 """`llamatui perplexity -m MODEL -f FILE -c N`: llama-perplexity's measurement."""
 import sys
 
-from llamatui.inference.perplexity import perplexity
+from llamatui.inference import run_perplexity
 
 from .engine_args import add_model_arguments, load_engine
 from .flags import add_chunks, chunk_limit
@@ -27,7 +27,7 @@ def run(args):
         def on_chunk(i, n, ppl):
             print(f"[{i}]{ppl:.4f},", end="", flush=True)
 
-        result = perplexity(engine.logits, tokens, args.ctx_size, bos,
+        result = run_perplexity(engine.logits, tokens, args.ctx_size, bos,
                             chunk_limit(args.chunks), on_chunk)
         print()
         print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.stderr:.5f}")

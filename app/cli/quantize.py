@@ -3,7 +3,7 @@ import sys
 
 from rich.console import Console
 
-from llamatui.inference.catalog import MIXES
+from llamatui.inference import MIXES
 from llamatui.models.store import resolve_model
 
 from . import CommandError

@@ -4,8 +4,7 @@ import sys
 
 from rich.console import Console
 
-from llamatui.inference.chat.constraint import ConstraintSpec
-from llamatui.inference.sampling import SamplingParams
+from llamatui.inference import ConstraintSpec, SamplingParams
 
 from . import CommandError, UsageError
 from .engine_args import add_chat_template_arguments, add_model_arguments, load_engine

@@ -13,8 +13,7 @@ def add_arguments(p):
 
 
 def run(args):
-    from llamatui.inference.gguf import GGUFFile  # numba: loaded only when a command needs it
-    from llamatui.inference.tokenizers.tokenizer import Tokenizer
+    from llamatui.inference import GGUFFile, Tokenizer  # numba: loaded only when needed
     with GGUFFile.open(resolve_model(args.model)) as f:  # the vocabulary only, no weights
         tok = Tokenizer.from_metadata(f.metadata)
     ids = tok.encode(args.text, add_special=not args.no_bos, parse_special=args.parse_special)

@@ -409,16 +409,21 @@ def _merge(builder, u, v, width):
 
 
 @intrinsic
-def vreduce16(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
-    """lane i of the result = horizontal sum of a_i (a transpose-and-add tree, 45 instructions)"""
+def vreduce16(typingctx, *vectors):
+    """vreduce16(a0, ..., a15): lane i of the result = horizontal sum of a_i (a transpose-and-add
+    tree, 45 instructions). Sixteen f32x16 operands, given one by one; numba passes them as one
+    tuple, which LLVM takes apart again at no cost."""
+    if len(vectors) != LANES or any(v != f32x16 for v in vectors):
+        return None
+
     def cg(context, builder, sig, args):
-        level = list(args)
+        level = [builder.extract_value(args[0], i) for i in range(LANES)]
         width = LANES
         while len(level) > 1:
             level = [_merge(builder, level[i], level[i + 1], width) for i in range(0, len(level), 2)]
             width //= 2
         return level[0]
-    return f32x16(*([f32x16] * 16)), cg
+    return f32x16(types.StarArgUniTuple(f32x16, LANES)), cg
 
 
 def _store_groups(context, builder, aty, arr, idx, stride, v, accumulate, width, n_groups):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..backend import Backend, KQMask, QExperts, QWeight
 from . import attention as attention_kernels
+from .attention import CellMask, DeviceKV
 from . import kv as kv_kernels
 from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
 from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu
@@ -96,18 +97,9 @@ class DeviceExperts:
         return f"DeviceExperts({self.name!r}, {self.type}, {shape})"
 
 
-class DeviceKV:
-    """One layer's K or V rows as attention reads them: the cache's bytes and storage type."""
-
-    __slots__ = ("data", "type", "n_head", "head_dim")
-
-    def __init__(self, data, type_name, n_head, head_dim):
-        self.data, self.type, self.n_head, self.head_dim = data, type_name, n_head, head_dim
-
-
 class DeviceKVStore:
     """The K or V rows of one layer for every cell, on the backend's device, in the cache's
-    storage type (kv_cache.HostKVStore's interface)."""
+    storage type (cpu.backend.HostKVStore's interface)."""
 
     def __init__(self, backend: "CUDABackend", type_name: str, n_ctx: int, n_head: int,
                  head_dim: int):
@@ -421,9 +413,10 @@ class CUDABackend(Backend):
         out = self._empty((n, n_head, v.head_dim))
         b = self._buffers
         if n <= MAX_TOKENS:
-            self.rt.op(attention_kernels.attention, q, k.data, v.data, k.type, v.type, k.n_head,
-                       b.cell_pos, b.cell_seq, b.positions[:n], b.seq_first[:n], mask.n_swa,
-                       scale, out, n_kv=b.n_kv, stream=self.rt.kernel_stream, softcap=softcap)
+            cells = CellMask(b.cell_pos, b.cell_seq, b.positions[:n], b.seq_first[:n], mask.n_swa,
+                             n_kv=b.n_kv)
+            self.rt.op(attention_kernels.attention, q, k, v, cells, scale, out,
+                       stream=self.rt.kernel_stream, softcap=softcap)
         else:
             self._attention_gemm(q, k, v, mask, scale, softcap, out)
         return out.reshape(n, n_head * v.head_dim)

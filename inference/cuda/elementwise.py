@@ -77,7 +77,7 @@ def rms_norm(x, w, eps: float, out, stream=0):
 
 
 @cuda.jit
-def rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, corr_lo, corr_hi,
+def _rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, corr_lo, corr_hi,
                 ext_factor, mscale):
     """Rotates pair i of head h of token t (one thread each) by freq_scale * theta / ff[i]
     (YaRN's ramp back to theta / ff[i] when ext_factor is set), cos and sin times mscale."""
@@ -127,7 +127,7 @@ def rope(x, pos, spec, freq_factors, stream=0):
     n = x.shape[0] * x.shape[1] * half
     if n:
         corr_lo, corr_hi = spec.yarn_corr_dims()
-        rope_kernel[_blocks(n, ELEMENT_THREADS), ELEMENT_THREADS, stream](
+        _rope_kernel[_blocks(n, ELEMENT_THREADS), ELEMENT_THREADS, stream](
             x, pos, freq_factors, spec.theta_scale(), np.float32(spec.freq_scale), spec.n_dims,
             spec.neox, corr_lo, corr_hi, np.float32(spec.ext_factor), spec.mscale())
     return x

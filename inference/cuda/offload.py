@@ -1,5 +1,5 @@
 """A model's backends from llama.cpp's offload options (`-ngl`, `-mg`, `-ts`, `-sm`,
-`--no-kv-offload`): which layers run on the CPU and which on which GPU.
+`--no-kv-offload`, a LoadConfig's `offload`): which layers run on the CPU and which on which GPU.
 
 `place(...)` follows llama_model::load_tensors through `plan_offload` (placement.py) with the
 sizes of this model's tensors (`model_sizes`) and, for `-ngl auto`, each device's free memory
@@ -14,17 +14,19 @@ there too and a decode step never leaves the device (which lets it run as one CU
 """
 from __future__ import annotations
 
-from ..placement import (Placement, auto_margin, cpu_only, model_sizes, parse_n_gpu_layers,
-                         plan_offload, work_bytes)
+from ..config import LoadConfig
+from ..placement import (Placement, auto_margin, cpu_only, model_sizes, plan_offload,
+                         work_bytes)
 from .probe import probe
 
-def place(gguf, hp, n_ctx: int, type_k: str, type_v: str, n_ubatch: int, cpu,
-          n_gpu_layers=0, main_gpu: int = 0, tensor_split=None, offload_kv: bool = True,
-          split_mode: str = "layer") -> Placement:
-    """The placement of a model's parts for the offload options (see the module docstring).
-    Bad option values raise placement.OffloadError (a ValueError)."""
-    ngl = parse_n_gpu_layers(n_gpu_layers)
-    if ngl == 0:
+
+def place(gguf, hp, config: LoadConfig, n_ctx: int, cpu) -> Placement:
+    """The placement of a model's parts (see the module docstring) for `config.offload`, with
+    the KV cache of `n_ctx` cells in config's cache types and its micro-batches of
+    config.n_ubatch tokens (the memory -ngl auto plans for); `cpu` is the CPU's backend. An -mg
+    or -ts that does not match the devices found raises placement.OffloadError (a ValueError)."""
+    options = config.offload
+    if not options.uses_gpu:
         return cpu_only(cpu, hp.n_layer)
     found = probe()
     if not found.available:
@@ -33,13 +35,12 @@ def place(gguf, hp, n_ctx: int, type_k: str, type_v: str, n_ubatch: int, cpu,
     from .runtime import make_runtime
     runtimes = [make_runtime(d.index, d.total_bytes) for d in found.devices]
     free = [rt.mem_info()[0] for rt in runtimes]
-    layer_bytes, output_bytes, kv_bytes = model_sizes(gguf, hp, n_ctx, type_k, type_v)
-    plan = plan_offload(hp.n_layer, layer_bytes, output_bytes, kv_bytes, free, ngl,
-                        main_gpu=main_gpu, tensor_split=tensor_split, offload_kv=offload_kv,
-                        margin=auto_margin(work_bytes(gguf, hp, n_ctx, n_ubatch)),
-                        split_mode=split_mode)
+    layer_bytes, output_bytes, kv_bytes = model_sizes(gguf, hp, n_ctx, config.cache_type_k,
+                                                      config.cache_type_v)
+    plan = plan_offload(hp.n_layer, layer_bytes, output_bytes, kv_bytes, free, options,
+                        margin=auto_margin(work_bytes(gguf, hp, n_ctx, config.n_ubatch)))
     if plan.n_gpu_layers == 0:
-        return cpu_only(cpu, hp.n_layer, "" if ngl != "auto" else
+        return cpu_only(cpu, hp.n_layer, "" if options.n_gpu_layers != "auto" else
                         "not enough free GPU memory for any layer with -ngl auto; running on "
                         "the CPU")
     backends = {}
