@@ -144,7 +144,7 @@ class Backend(ABC):
     def kv_store(self, type_name: str, n_ctx: int, n_head: int, head_dim: int):
         """The K or V rows of one layer for n_ctx cells, kept on this device: an object with
         `nbytes`, `write(cells, x)`, `read(n)` (what `attention` takes), `read_f32(n)` and
-        `read_cells(cells)` (float32, for shifting K), like kv_cache.HostKVStore."""
+        `read_cells(cells)` (float32, for shifting K), like cpu.backend.HostKVStore."""
 
     @abstractmethod
     def take(self, x):

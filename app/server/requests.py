@@ -13,7 +13,7 @@ Structured output (`constraint_of`): OpenAI's `response_format` (`json_object`, 
 with its `schema`; `strict` is always in effect: the grammar allows nothing else) and
 llama-server's `grammar` (GBNF) and `json_schema` fields, on every generating route. Tools
 (`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `role: "tool"`
-messages) and `reasoning_format` on chat completions; tool_calls.py does the rest.
+messages) and `reasoning_format` on chat completions; inference/chat/tool_calls.py does the rest.
 
 Limits depend on the loaded model and the slots: `n` ≤ the slots (each choice is a request in a
 slot), `max_tokens` ≤ a slot's context, token ids < the vocabulary.

@@ -12,9 +12,9 @@ Kinds: a JSON schema, any JSON object (OpenAI's `json_object`), a regex, a Lark 
 (llguidance's dialect) or a GBNF grammar (llama.cpp's format, converted to Lark by llguidance).
 
 Why llguidance: llama.cpp's own sampler walks every token of the vocabulary through its stack
-machine (≈85 ms per token on a 128k vocabulary, llama.cpp #7554); llguidance computes a mask in
-tens of microseconds, compiles JSON schemas itself (refusing, by name, the keywords it cannot
-honour rather than skipping them) and ships as one dependency-free abi3 wheel. xgrammar is as
+machine at every step (llama.cpp #7554); llguidance walks a token trie, many times faster
+(docs/performance.md has both measured), compiles JSON schemas itself (refusing, by name, the
+keywords it cannot honour rather than skipping them) and ships as one dependency-free abi3 wheel. xgrammar is as
 fast but needs torch. benchmarks/bench_constrained.py measures all three.
 
 The vocabulary goes to llguidance once per tokenizer (`ConstraintVocab.of`, cached): every
@@ -181,8 +181,8 @@ class _TokenizerWrapper:
 
 
 class ConstraintVocab:
-    """One tokenizer's vocabulary as llguidance sees it. Built once per tokenizer (`of`):
-    ~0.25 s for SmolLM2's 49k tokens, ~2.5 s for Gemma 3's 262k."""
+    """One tokenizer's vocabulary as llguidance sees it. Built once per tokenizer (`of`): it
+    visits every token, which takes a noticeable time for a large vocabulary."""
 
     _cache: ClassVar[weakref.WeakKeyDictionary] = weakref.WeakKeyDictionary()
     _lock: ClassVar[threading.Lock] = threading.Lock()

@@ -1,7 +1,7 @@
 """Chat templates: turn a conversation into the prompt text a model was trained on.
 
 A GGUF model carries its Hugging Face chat template (Jinja) in `tokenizer.chat_template`. It is
-rendered the way transformers does it (see template_sandbox: Jinja's sandbox, run in a worker
+rendered the way transformers does it (see chat.sandbox: Jinja's sandbox, run in a worker
 process that is stopped after TIME_LIMIT_S or MEMORY_LIMIT_BYTES) and then adjusted the way
 llama.cpp's `common/chat.cpp` does it:
 
@@ -13,7 +13,7 @@ llama.cpp's `common/chat.cpp` does it:
   the rendered prompt is removed, and likewise a trailing EOS text when it adds EOS, so that
   tokenizing the prompt does not double them.
 
-A template may also be one of llama.cpp's built-in ones by name (chat_templates_builtin:
+A template may also be one of llama.cpp's built-in ones by name (chat.builtin_templates:
 "chatml", "gemma", "llama3", ...), rendered exactly as llama.cpp's `llm_chat_apply_template`
 renders it (no Jinja, no BOS/EOS adjustment: llama.cpp's legacy path does none). A model without
 a template gets one (`template_for_vocabulary`): "gemma" for a Gemma vocabulary, else "chatml".

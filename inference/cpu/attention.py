@@ -27,8 +27,8 @@ from .simd import (prefetch, threads_get, threads_set, vadd, vbcast, vf16, vfma,
 
 
 # at most this many query tokens go through the fused kernel (decode); more through the GEMM.
-# A decode step of 16 sequences takes a sixth of the GEMM path's time in the fused kernel (each
-# token visits its own sequence's cells alone); 16 tokens of one sequence over 2000 cells, 1.6x.
+# Up to here the fused kernel is the faster one, for a step of many sequences most of all (each
+# token visits its own sequence's cells alone); the measured ratios are in docs/performance.md.
 ATTN_FUSED_MAX_TOKENS = 16
 # query rows per GEMM chunk: causal masks let a chunk skip the cells after its last token, so
 # smaller chunks skip more (64 of 512 tokens: 56 % of the full score matrix is computed)
@@ -393,7 +393,7 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
             for mb in range(0, span, 16):
                 if r == 0:  # the next cells' K rows and these cells' V rows, ahead of use:
                     # in a step of many sequences the cache is far outside the CPU's caches,
-                    # and a sequence's cells are interleaved with the others' (~12 % faster)
+                    # and a sequence's cells are interleaved with the others'
                     for i in range(mb + 16, min(mb + 32, span)):
                         _kv_prefetch(k, cells[i], ko, d_k)
                     for i in range(mb, min(mb + 16, span)):

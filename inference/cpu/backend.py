@@ -27,7 +27,7 @@ def keep_freed_memory_in_heap() -> None:
     """Tells glibc's malloc to serve large arrays from its heap and keep freed memory there.
 
     By default each activation array over ~128 KiB is a fresh mmap that is unmapped when freed, so
-    every layer page-faults its buffers in again: about 10 % of a 512-token prompt here. With
+    every layer page-faults its buffers in again, a measurable share of a prompt's time. With
     this they are reused; peak RSS is unchanged (up to 64 MiB freed after a prompt stays with
     the process, as llama.cpp's compute buffers do). A no-op off glibc."""
     global _heap_kept

@@ -2,11 +2,11 @@
 
 Built from a GGUF metadata mapping (`Tokenizer.from_metadata`), following `src/llama-vocab.cpp`:
 
-* vocabulary types `gpt2` (byte-level BPE, see `tokenizer_bpe`), `gemma4` (BPE on raw UTF-8
-  with spaces as U+2581), `llama` (SentencePiece-style merging by score, see `tokenizer_spm`),
-  `bert` (WordPiece, `tokenizer_wpm`) and `t5` (Unigram, `tokenizer_ugm`);
+* vocabulary types `gpt2` (byte-level BPE, see `bpe`), `gemma4` (BPE on raw UTF-8
+  with spaces as U+2581), `llama` (SentencePiece-style merging by score, see `spm`),
+  `bert` (WordPiece, `wpm`) and `t5` (Unigram, `ugm`);
 * special tokens (CONTROL, USER_DEFINED and UNKNOWN types) are cut out of the text first, longest
-  first (`tokenizer_st_partition`, done in one pass by `tokenizer_special`); without
+  first (`tokenizer_st_partition`, done in one pass by `special`); without
   `parse_special` only the USER_DEFINED ones are;
 * BOS/EOS are added as `tokenizer.ggml.add_bos_token` / `add_eos_token` say, with llama.cpp's
   defaults per vocabulary and pre-tokenizer when the keys are absent;

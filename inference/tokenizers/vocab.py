@@ -3,8 +3,7 @@
 Gemma 3's 262,144 tokens as a list of str plus a str → id dict take ~45 MiB; here the texts are
 one UTF-8 blob with offsets, and text → id goes through an open-addressing table of Python's own
 `hash(str)` (linear probing, load factor ≤ 1/2, 32-bit hash tags), verified against the stored
-text: ~6 MiB. A lookup costs a few hundred ns instead of a dict's ~50, which tokenizing does not
-notice.
+text: ~6 MiB. A lookup costs more than a dict's, which tokenizing does not notice.
 
 Texts are stored as GGUF stores them (UTF-8, invalid bytes kept through surrogateescape).
 """
