@@ -18,6 +18,10 @@ CACHE_BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": _Q8_0.type_size / _Q8_0
 # dequantized tiles, logits): measured well under this for the models we run (bench_memory.py)
 COMPUTE_MARGIN_BYTES = 512 << 20
 USABLE_FRACTION = 0.9  # of the memory the OS reports available
+# The CPU backend's bounded working buffers, which the recommender's estimate counts too: the
+# scores of one chunk of prompt attention (floats, 32 MiB) and one dequantized weight tile.
+ATTENTION_SCORE_FLOATS = 8 << 20
+DEQUANT_TILE_BYTES = 2 << 20
 
 
 class InsufficientMemoryError(ValueError):

@@ -17,7 +17,7 @@ The estimate is what the engine's process holds at its peak (resident memory), i
   The cache's pages become resident as tokens fill it: `resident_at(n_tokens)`.
 - compute: the largest transient buffers of a forward pass, a micro-batch of u = min(n_ubatch,
   n_ctx) tokens against a full cache: activations (u rows of embedding/FFN width), attention
-  scores (n_head * u * n_kv floats, capped by ops._ATTN_SCORE_BUDGET), the KQ masks (one per
+  scores (n_head * u * n_kv floats, capped by memory.ATTENTION_SCORE_FLOATS), the KQ masks (one per
   window kind), the dequantized weight tile (and its bfloat16 copy), and the logits and sampler
   over the vocabulary.
 - overhead: the Python process with numpy, numba and llvmlite initialised (measured), numba's
@@ -44,7 +44,8 @@ from llamatui.inference.config import OffloadOptions
 from llamatui.inference.placement import (ModelDims, OffloadPlan, auto_margin, device_work_bytes,
                                           plan_offload)
 from llamatui.inference.hparams import ModelMetadataError, read_hparams
-from llamatui.inference.memory import CACHE_BYTES_PER_VALUE
+from llamatui.inference.memory import (ATTENTION_SCORE_FLOATS, CACHE_BYTES_PER_VALUE,
+                                       DEQUANT_TILE_BYTES)
 from llamatui.inference.support import engine_types, runs_here
 
 MiB = 1 << 20
@@ -67,19 +68,7 @@ MODEL_MISC_BYTES = 4 * MiB
 VOCAB_WORK_BYTES = 24
 # Defaults of the engine, read from it when importable
 DEFAULT_N_UBATCH = 512
-DEFAULT_SCORE_BUDGET = 8 << 20  # floats
-DEFAULT_TILE_BYTES = 2 << 20
-
 RAM_USABLE_FRACTION = 0.9  # of psutil's "available"
-
-def _engine_constants() -> tuple[int, int]:
-    """(attention score budget in floats, dequantized tile bytes) as the engine has them."""
-    try:
-        from llamatui.inference.cpu import matmul, ops
-        return (int(getattr(ops, "_ATTN_SCORE_BUDGET", DEFAULT_SCORE_BUDGET)),
-                int(getattr(matmul, "TILE_BYTES", DEFAULT_TILE_BYTES)))
-    except Exception:  # noqa: BLE001 - the estimate must not depend on the kernels importing
-        return DEFAULT_SCORE_BUDGET, DEFAULT_TILE_BYTES
 
 
 # ----------------------------------------------------------------------------- model shape
@@ -231,8 +220,8 @@ class MemoryEstimate:
     kernels_bytes: int
     tokenizer_bytes: int
     misc_bytes: int
-    score_budget: int = DEFAULT_SCORE_BUDGET
-    tile_bytes: int = DEFAULT_TILE_BYTES
+    score_budget: int = ATTENTION_SCORE_FLOATS
+    tile_bytes: int = DEQUANT_TILE_BYTES
 
     @property
     def approximate(self) -> bool:
@@ -351,7 +340,7 @@ def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
     kv_llama = int(sum(b * (swa_cells if (il < len(s.swa_layers) and s.swa_layers[il])
                             else n_ctx) for il, b in enumerate(per_layer_token)))
     n_types = len(s.tensor_types & engine_types()) if s.tensor_types else 3
-    budget, tile = _engine_constants()
+    budget, tile = ATTENTION_SCORE_FLOATS, DEQUANT_TILE_BYTES
     est = MemoryEstimate(
         shape=s, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
         cache_type_v=cache_type_v, weights_bytes=s.file_bytes, kv_bytes=kv,

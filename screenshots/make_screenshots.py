@@ -85,9 +85,6 @@ async def shoot(app, out: pathlib.Path, name: str) -> None:
 async def session(out: pathlib.Path, max_tokens: int) -> None:
     from llamatui.app.conversations import ChatSettings, ConversationStore
     from llamatui.app.tui import LlamaTUI
-    from llamatui.app.tui.dialogs.error import ErrorModal
-    from llamatui.app.tui.welcome import WelcomeScreen
-    from llamatui.app.tui.widgets.engine_panel import WARMUP_STAGE
 
     store = ConversationStore.open()
     store.set_state("default_settings", ChatSettings(
@@ -96,77 +93,97 @@ async def session(out: pathlib.Path, max_tokens: int) -> None:
 
     app = LlamaTUI()
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await pilot.pause()
-        assert isinstance(app.screen, WelcomeScreen)
-        await shoot(app, out, "01-welcome")
-
-        await pilot.press("enter")  # fetch SmolLM2
-        stage = app.screen.query_one("#pull-stage")
-        await until(lambda: "Unpacking" in str(stage.render()) or app.screen is app.chat)
-        if app.screen is not app.chat:
-            await asyncio.sleep(0.3)
-            await shoot(app, out, "02-fetching-a-starter-model")
-
-        chat = app.chat
-        await until(lambda: app.screen is chat)
-        await until(lambda: WARMUP_STAGE in chat.panel.stages_seen or chat.engine is not None)
-        if chat.engine is None:
-            await shoot(app, out, "03-loading-the-model")
-        await until(lambda: chat.engine is not None)
-        await pilot.pause()
-        await shoot(app, out, "04-new-chat")
-
-        chat.query_one("#prompt").value = QUESTION
-        await pilot.press("enter")
-        await until(lambda: chat.reply is not None and len(chat.reply.parts) >= 25
-                    or chat.replies_finished)
-        if chat.reply is not None:
-            await shoot(app, out, "05-reply-streaming")
-        await until(lambda: chat.replies_finished >= 1)
-        await pilot.pause(0.5)
-        await shoot(app, out, "06-reply-done")
-
-        for keys, name in ((("ctrl+s",), "07-chat-settings"), (("f1",), "08-help"),
-                           (("ctrl+g",), "09-export"), (("f2",), "10-edit-and-resend"),
-                           (("ctrl+o",), "11-models"), (("f8",), "12-delete-chat")):
-            await pilot.press(*keys)
-            await pilot.pause(0.3)
-            await shoot(app, out, name)
-            await pilot.press("escape")
-            await pilot.pause()
-
-        await pilot.press("ctrl+p", *"copy")
-        await asyncio.sleep(1.0)
-        await shoot(app, out, "13-command-palette")
-        await pilot.press("escape")
-        await pilot.pause()
-
-        await pilot.press("ctrl+b")  # copy code: a picker when the reply has several blocks
-        await pilot.pause(0.3)
-        await shoot(app, out, "14-copy-code")
-        if app.screen is not chat:
-            await pilot.press("enter")
-            await pilot.pause(0.3)
-
-        await pilot.press("ctrl+n")
-        chat.query_one("#prompt").value = FOLLOW_UP
-        await pilot.press("enter")
-        await until(lambda: chat.replies_finished >= 2)
-        await pilot.pause(0.5)
-        await shoot(app, out, "15-second-chat")
-
-        broken = pathlib.Path(os.environ["LLAMATUI_HOME"]) / "downloaded.gguf"
-        broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 56)
-        await pilot.press("ctrl+o")
-        await pilot.pause()
-        app.screen.query_one("#model-path").value = str(broken)
-        app.screen.query_one("#model-path").focus()
-        await pilot.press("enter")
-        await until(lambda: isinstance(app.screen, ErrorModal))
-        await pilot.pause(0.3)
-        await shoot(app, out, "16-error-dialog")
-        await pilot.press("escape")
+        await first_run(app, pilot, out)
+        await first_reply_and_dialogs(app, pilot, out)
+        await second_chat_and_error(app, pilot, out)
         await pilot.press("ctrl+q")
+
+
+async def first_run(app, pilot, out: pathlib.Path) -> None:
+    """The welcome screen, the starter model's download and load, an empty chat."""
+    from llamatui.app.tui.welcome import WelcomeScreen
+    from llamatui.app.tui.widgets.engine_panel import WARMUP_STAGE
+
+    await pilot.pause()
+    assert isinstance(app.screen, WelcomeScreen)
+    await shoot(app, out, "01-welcome")
+
+    await pilot.press("enter")  # fetch SmolLM2
+    stage = app.screen.query_one("#pull-stage")
+    await until(lambda: "Unpacking" in str(stage.render()) or app.screen is app.chat)
+    if app.screen is not app.chat:
+        await asyncio.sleep(0.3)
+        await shoot(app, out, "02-fetching-a-starter-model")
+
+    chat = app.chat
+    await until(lambda: app.screen is chat)
+    await until(lambda: WARMUP_STAGE in chat.panel.stages_seen or chat.engine is not None)
+    if chat.engine is None:
+        await shoot(app, out, "03-loading-the-model")
+    await until(lambda: chat.engine is not None)
+    await pilot.pause()
+    await shoot(app, out, "04-new-chat")
+
+
+async def first_reply_and_dialogs(app, pilot, out: pathlib.Path) -> None:
+    """A reply streaming and done, then each dialog the chat opens."""
+    chat = app.chat
+    chat.query_one("#prompt").value = QUESTION
+    await pilot.press("enter")
+    await until(lambda: chat.reply is not None and len(chat.reply.parts) >= 25
+                or chat.replies_finished)
+    if chat.reply is not None:
+        await shoot(app, out, "05-reply-streaming")
+    await until(lambda: chat.replies_finished >= 1)
+    await pilot.pause(0.5)
+    await shoot(app, out, "06-reply-done")
+
+    for keys, name in ((("ctrl+s",), "07-chat-settings"), (("f1",), "08-help"),
+                       (("ctrl+g",), "09-export"), (("f2",), "10-edit-and-resend"),
+                       (("ctrl+o",), "11-models"), (("f8",), "12-delete-chat")):
+        await pilot.press(*keys)
+        await pilot.pause(0.3)
+        await shoot(app, out, name)
+        await pilot.press("escape")
+        await pilot.pause()
+
+    await pilot.press("ctrl+p", *"copy")
+    await asyncio.sleep(1.0)
+    await shoot(app, out, "13-command-palette")
+    await pilot.press("escape")
+    await pilot.pause()
+
+    await pilot.press("ctrl+b")  # copy code: a picker when the reply has several blocks
+    await pilot.pause(0.3)
+    await shoot(app, out, "14-copy-code")
+    if app.screen is not chat:
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+
+
+async def second_chat_and_error(app, pilot, out: pathlib.Path) -> None:
+    """A second chat, then a broken model file opened: the error dialog."""
+    from llamatui.app.tui.dialogs.error import ErrorModal
+
+    chat = app.chat
+    await pilot.press("ctrl+n")
+    chat.query_one("#prompt").value = FOLLOW_UP
+    await pilot.press("enter")
+    await until(lambda: chat.replies_finished >= 2)
+    await pilot.pause(0.5)
+    await shoot(app, out, "15-second-chat")
+
+    broken = pathlib.Path(os.environ["LLAMATUI_HOME"]) / "downloaded.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 56)
+    await pilot.press("ctrl+o")
+    await pilot.pause()
+    app.screen.query_one("#model-path").value = str(broken)
+    app.screen.query_one("#model-path").focus()
+    await pilot.press("enter")
+    await until(lambda: isinstance(app.screen, ErrorModal))
+    await pilot.pause(0.3)
+    await shoot(app, out, "16-error-dialog")
+    await pilot.press("escape")
 
 
 def main() -> int:

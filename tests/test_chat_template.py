@@ -354,7 +354,7 @@ HOSTILE = {
 # ~0.1 s on an idle machine, and after a stop the next worker starts at once in the background).
 _MEASURE = """
 import json, resource, sys, time
-from llamatui.inference import template_sandbox
+from llamatui.inference.chat import sandbox as template_sandbox
 from llamatui.inference.chat.template import ChatTemplate, ChatTemplateError
 user = [{"role": "user", "content": "Hi"}]
 ChatTemplate("{{ 1 }}").render(user)

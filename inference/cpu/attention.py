@@ -18,6 +18,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from ..memory import ATTENTION_SCORE_FLOATS
 from ..quants.fp16 import HAS_HW_FP16
 from .matmul import PARALLEL_MIN_FLOPS
 from .matmul_kernels import gemm_nn_f32
@@ -33,8 +34,8 @@ ATTN_FUSED_MAX_TOKENS = 16
 # query rows per GEMM chunk: causal masks let a chunk skip the cells after its last token, so
 # smaller chunks skip more (64 of 512 tokens: 56 % of the full score matrix is computed)
 ATTN_CHUNK_TOKENS = 64
-# and the scores of one chunk stay under this many floats (32 MiB) however long the context
-_ATTN_SCORE_BUDGET = 8 << 20
+# and the scores of one chunk stay under ATTENTION_SCORE_FLOATS however long the context
+_ATTN_SCORE_BUDGET = ATTENTION_SCORE_FLOATS
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,

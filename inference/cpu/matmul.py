@@ -67,6 +67,7 @@ import numpy as np
 
 from . import matmul_int8, matmul_packed
 from . import matmul_floats, matmul_iquants, matmul_kquants, matmul_legacy  # noqa: F401 (register)
+from ..memory import DEQUANT_TILE_BYTES
 from ..quants import get_quant_type, kernels_of
 from .matmul_kernels import MIN_STEP, gemm_bf16, gemm_f32, to_bf16
 from .simd import HAS_AVX512_BF16, HAS_INT8_DOT
@@ -81,7 +82,7 @@ __all__ = ["matmul", "matmul_id", "embedding_rows", "supported_matmul_types", "i
 DECODE_MAX_TOKENS = 1
 BATCH_DECODE_MAX_TOKENS = 16
 # Size of one dequantized float32 weight tile on the prefill path (one buffer per calling thread).
-TILE_BYTES = 2 << 20
+TILE_BYTES = DEQUANT_TILE_BYTES
 # Decode kernels on smaller weights, and GEMMs of fewer flops, run on the calling thread only.
 PARALLEL_MIN_BYTES = 96 << 10
 PARALLEL_MIN_FLOPS = 2_000_000

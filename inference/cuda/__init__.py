@@ -1,10 +1,9 @@
-"""GPU offload through CUDA: device kernels (numba `@cuda.jit`), the device probe and the layer
-placement plan (llama.cpp's `-ngl`, `-mg`, `-ts`, `--no-kv-offload`).
+"""GPU offload through CUDA: device kernels (numba `@cuda.jit`), the device probe, and a model's
+backends placed on the GPUs as the device-neutral plan (`inference/placement.py`, llama.cpp's
+`-ngl`, `-mg`, `-ts`, `--no-kv-offload`) says.
 
 - `probe` (probe.py): is there a usable GPU, and why not: cached, never raises, imports nothing
   heavy when CuPy is absent.
-- `plan_offload` (placement.py): which layers (and the output layer, and the KV cache) go to
-  which device; pure Python.
 - `place` (offload.py): a model's backends from those options and the probe, the CPU with one
   line saying why when there is no usable GPU.
 - `CUDABackend` (backend.py): the Backend of one GPU: weights uploaded as GGUF blocks, its
@@ -15,12 +14,11 @@ placement plan (llama.cpp's `-ngl`, `-mg`, `-ts`, `--no-kv-offload`).
   cache), `elementwise.py` (RMS norm, RoPE, SwiGLU, GeGLU, argmax), `kv.py` (K/V rows written in
   the cache's type); `device.py` holds what the GPU and numba's CUDA simulator do differently.
 
-This package imports numba.cuda only through the kernel and backend modules; `probe`,
-`plan_offload` and `place` are importable on any machine (`place` imports the backend only when
+This package imports numba.cuda only through the kernel and backend modules; `probe` and
+`place` are importable on any machine (`place` imports the backend only when
 a GPU is there). The kernels and the backend run unchanged under `NUMBA_ENABLE_CUDASIM=1`, which
 is how CI checks them against the CPU backend without a GPU.
 """
-from ..placement import OffloadPlan, plan_offload
 from .probe import GPUDevice, GPUProbe, probe
 
-__all__ = ["GPUDevice", "GPUProbe", "OffloadPlan", "plan_offload", "probe"]
+__all__ = ["GPUDevice", "GPUProbe", "probe"]
