@@ -6,6 +6,7 @@ import pathlib
 import platformdirs
 import pytest
 
+from golden_vectors import load_quant_vectors
 from llamatui.models.store import pull_starter
 
 # llama.cpp's reference outputs, copied byte for byte from the steering repo's shared/golden/
@@ -40,6 +41,12 @@ def smollm2_path() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> pathlib.Path:
     return _starter("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def quant_vectors(golden_dir):
+    """llama.cpp's quantized rows of every type (tests/golden_vectors.py)."""
+    return load_quant_vectors(golden_dir)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ Python thread.
 """
 import json
 import os
-import pathlib
 import sys
 import traceback
 import warnings
@@ -21,13 +20,15 @@ import warnings
 import numpy as np
 
 from cuda_backend_checks import BACKEND_CHECKS  # the backend's checks (no numba imported)
+from golden_vectors import load_quant_vectors, rows_of
 from llamatui.inference.rope import RopeSpec, Yarn
 
 MARK = "CUDA-CHECK "
-GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "quant_vectors.npz"
 # every weight type the engine runs (llamatui.inference.cpu.matmul.supported_matmul_types())
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+                "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+                "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+                "MXFP4")
 N_VALUES = 512  # values per weight row: two K-quant super-blocks
 
 CHECKS = {}
@@ -88,10 +89,10 @@ def weight_rows(type_name, n_rows, rng):
     NaNs."""
     from llamatui.inference.cuda.dequant import device_type
     row_bytes = device_type(type_name).row_bytes(N_VALUES)
-    with np.load(GOLDEN) as z:
-        if type_name == "F32":
-            return np.ascontiguousarray(z["x"][:n_rows, :N_VALUES]).view(np.uint8)
-        rows = np.ascontiguousarray(z[type_name][:n_rows, :row_bytes])
+    vectors = load_quant_vectors()
+    if type_name == "F32":
+        return np.ascontiguousarray(vectors["x"][:n_rows, :N_VALUES]).view(np.uint8)
+    rows = np.ascontiguousarray(rows_of(vectors, type_name)[:n_rows, :row_bytes])
     if type_name in ("F16", "BF16"):
         return rows
     noise = rng.integers(0, 256, (2, row_bytes), dtype=np.uint8)

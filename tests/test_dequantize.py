@@ -19,12 +19,19 @@ from llamatui.inference.quants import (
     get_quant_type)
 
 ALL_SUPPORTED = ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                 "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "BF16")  # ggml's order
+                 "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
+                 "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "BF16", "TQ1_0", "TQ2_0", "MXFP4")  # ggml's order
+# the low-bit types, whose rows llama.cpp 11434 wrote (golden/quant_vectors_low_bit.npz; those
+# marked * only with an importance matrix, as ggml_quantize_requires_imatrix says)
+LOW_BIT_TYPES = ("IQ2_XXS*", "IQ2_XS*", "IQ3_XXS", "IQ1_S*", "IQ3_S", "IQ2_S", "IQ1_M", "TQ1_0",
+                 "TQ2_0", "MXFP4")
 # golden/quant_vectors.npz: llama.cpp's bytes for each type, and for quantized types again with an
 # importance matrix (key suffix _imatrix).
 VECTOR_KEYS = ("F16", "BF16") + tuple(
     t + suffix for t in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                         "Q6_K", "IQ4_NL", "IQ4_XS") for suffix in ("", "_imatrix"))
+                         "Q6_K", "IQ4_NL", "IQ4_XS") for suffix in ("", "_imatrix")) + tuple(
+    t.rstrip("*") + suffix for t in LOW_BIT_TYPES
+    for suffix in (("_imatrix",) if t.endswith("*") else ("", "_imatrix")))
 GGUF_TYPES = tuple(t for t in ALL_SUPPORTED if t != "Q8_K")  # gguf-py has no Q8_K dequantizer
 
 
@@ -43,12 +50,6 @@ def gguf_reference(type_name: str, rows: np.ndarray) -> np.ndarray:
     """gguf-py's dequantization of uint8 rows (..., row_bytes), as float32 (..., row_length)."""
     with np.errstate(invalid="ignore", over="ignore"):
         return gguf_quants.dequantize(rows, GGMLQuantizationType[type_name])
-
-
-@pytest.fixture(scope="module")
-def quant_vectors(golden_dir):
-    with np.load(golden_dir / "quant_vectors.npz") as z:
-        return {k: z[k] for k in z.files}
 
 
 def test_registry_covers_the_supported_types_with_ggml_geometry():

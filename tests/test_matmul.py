@@ -13,12 +13,15 @@ import numpy as np
 import pytest
 
 import llamatui.inference.cpu.matmul as mm
+from golden_vectors import rows_of
 from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.gguf import GGUFFile
 from llamatui.inference.cpu.simd import HAS_AVX512_BF16
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+         "MXFP4")
 N_TOKENS = (1, 2, 7, 64)  # 1: decode kernel; 2, 7: batch decode kernel; 64: tiles + numba GEMM
 RTOL = 1e-4  # of sum_k |x_k * w_k|: float32 accumulation error only
 
@@ -64,15 +67,14 @@ def check_prefixes(type_name, raw, W, x, counts):
 
 
 @pytest.fixture(scope="module")
-def vectors(golden_dir):
-    with np.load(golden_dir / "quant_vectors.npz") as z:
-        return {key: z[key] for key in z.files}
+def vectors(quant_vectors):
+    return quant_vectors
 
 
 def golden_weight(vectors, type_name):
     if type_name == "F32":
         return np.ascontiguousarray(vectors["x"]).view(np.uint8), vectors["x"].astype(np.float64)
-    raw = vectors[type_name]
+    raw = rows_of(vectors, type_name)
     return raw, reference(type_name, raw)
 
 

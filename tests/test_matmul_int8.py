@@ -33,9 +33,8 @@ def int8_decode(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def vectors(golden_dir):
-    with np.load(golden_dir / "quant_vectors.npz") as z:
-        return {key: z[key] for key in z.files}
+def vectors(quant_vectors):
+    return quant_vectors
 
 
 def block_values(type_name):

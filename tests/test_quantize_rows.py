@@ -15,9 +15,8 @@ TYPES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 
 
 @pytest.fixture(scope="module")
-def vectors(golden_dir):
-    with np.load(golden_dir / "quant_vectors.npz") as data:
-        return {key: data[key] for key in data.files}
+def vectors(quant_vectors):
+    return quant_vectors
 
 
 def describe_mismatch(type_name: str, got: np.ndarray, want: np.ndarray) -> str:

@@ -67,6 +67,7 @@ import numpy as np
 
 from . import matmul_int8, matmul_packed
 from . import matmul_floats, matmul_iquants, matmul_kquants, matmul_legacy  # noqa: F401 (register)
+from . import matmul_iq1, matmul_iq2, matmul_iq3, matmul_mxfp4, matmul_ternary  # noqa: F401
 from ..memory import DEQUANT_TILE_BYTES
 from ..quants import get_quant_type, kernels_of
 from .matmul_kernels import MIN_STEP, gemm_bf16, gemm_f32, to_bf16

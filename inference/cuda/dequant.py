@@ -22,8 +22,6 @@ under `@decoder(<its class>)`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import cuda, types
 
@@ -33,35 +31,8 @@ from ..quants.floats import BF16, F16, F32
 from ..quants.iquants import IQ4_NL, IQ4_XS
 from ..quants.kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 from ..quants.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from .blocks import CHUNK, DeviceType, decoder
 from .device import bits_f32, device_function, half_at, i8_at, mul_rn, u16_at, u32_at
-
-CHUNK = 16  # values decoded at a time
-
-
-@dataclass(frozen=True)
-class DeviceType:
-    """How the kernels read one weight type: its 16-value decoder and the block it walks by."""
-    name: str
-    decoder: object  # a device function (w, row, offset, chunk, vals)
-    block_values: int
-    block_bytes: int
-
-    @property
-    def chunks_per_block(self) -> int:
-        return self.block_values // CHUNK
-
-    def row_bytes(self, n_values: int) -> int:
-        return n_values // self.block_values * self.block_bytes
-
-
-def decoder(quant):
-    """Registers the device function below it as `quant`'s "cuda" kernels: a DeviceType walking
-    the type's blocks (16-value runs of the float types), geometry from the type's class."""
-    def register(fn):
-        quant.register_kernels("cuda", DeviceType(quant.name, fn, *quant.span(CHUNK)))
-        return fn
-    return register
-
 
 # ----------------------------------------------------------------------------- float types
 
@@ -304,6 +275,9 @@ def iq4_xs(w, row, offset, chunk, vals):
 
 
 # ----------------------------------------------------------------------------- the registry
+
+# the low-bit families' decoders, one module each (they register on import)
+from . import decoders_iq1, decoders_iq2, decoders_iq3, decoders_mxfp4, decoders_ternary  # noqa: E402,F401,I001
 
 # type name -> DeviceType: every type whose decoder registered above
 DEVICE_TYPES: dict[str, DeviceType] = kernels_of("cuda")
