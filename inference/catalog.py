@@ -112,7 +112,7 @@ MIXES: tuple[Mix, ...] = (
     _mix("IQ4_NL", 25, "IQ4_NL", "Q6_K", q=True),
     _mix("IQ4_XS", 30, "IQ4_XS", "Q6_K", q=True),
     _mix("Q4_0", 2, "Q4_0", "Q6_K", q=True),
-    _mix("MXFP4", 38, "MXFP4", "Q8_0"),  # llama_ftype MXFP4_MOE
+    _mix("MXFP4", 38, "MXFP4", "Q8_0", q=True),  # llama_ftype MXFP4_MOE
     _mix("Q3_K_L", 13, "Q3_K", "Q5_K", "Q6_K", q=True),
     _mix("Q3_K_M", 12, "Q3_K", "Q4_K", "Q6_K", q=True),
     _mix("IQ3_M", 27, "IQ3_S", "IQ4_XS", "Q6_K"),
@@ -132,8 +132,8 @@ MIXES: tuple[Mix, ...] = (
     _mix("TQ1_0", 36, "TQ1_0", "Q4_K", "Q6_K"),
 )
 MIXES_BY_NAME: dict[str, Mix] = {m.name: m for m in MIXES}
-# llama-quantize's short names for the _M mixes
-MIX_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+# llama-quantize's names where they differ: the short names of the _M mixes, MXFP4's
+MIX_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "MXFP4_MOE": "MXFP4"}
 MIXES_BY_FILE_TYPE: dict[int, Mix] = {m.file_type: m for m in MIXES if m.file_type is not None}
 
 

@@ -10,8 +10,10 @@ The type choice is llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp):
   some tensors: `output.weight` (or `token_embd.weight` when the output is tied to it) to Q6_K,
   `attn_v` and `ffn_down` to more bits on the first, last and every third layer
   ("use_more_bits"), `attn_output` for the Q2_K/Q3_K mixes, and so on.
+* MXFP4 (llama-quantize's MXFP4_MOE): the experts' 3-D tensors MXFP4, every other weight Q8_0.
 * A row length that is not a multiple of the chosen type's block falls back to a type it is:
-  Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL, then F16.
+  Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL, then F16 (a
+  32-value type straight to F16).
 * Tensors are visited in llama.cpp's order (by layer, then by name), which is also the order
   they are written in; the attn_v counter that drives the Q3_K_M / Q4_K_S rules follows it.
 
@@ -260,9 +262,11 @@ def _mix_rules(qs: _State, new: str, spec: TensorSpec, cat: int,
     if cat == _OUTPUT or (qs.tied_embeddings and cat == _TOKEN_EMBD):
         if output_tensor_type is not None:
             return output_tensor_type
-        if facts.arch == "falcon" or spec.n_cols % _block_size(new):
+        if qs.ftype.name == "MXFP4" or facts.arch == "falcon" or spec.n_cols % _block_size(new):
             return "Q8_0"
         return new if new == "Q8_0" else "Q6_K"
+    if qs.ftype.name == "MXFP4":
+        return _mxfp4_moe_type(facts, spec, cat)
     if cat == _TOKEN_EMBD:
         return new
     if _is_attn_v(cat):
@@ -286,6 +290,15 @@ def _mix_rules(qs: _State, new: str, spec: TensorSpec, cat: int,
     elif cat == _FFN_UP:
         qs.i_ffn_up += 1
     return new
+
+
+def _mxfp4_moe_type(facts: ModelFacts, spec: TensorSpec, cat: int) -> str:
+    """llama_tensor_get_type_impl's MXFP4_MOE rule: the experts' 3-D tensors (ne[2] > 1) MXFP4,
+    every other tensor Q8_0; bailingmoe3's 3-D tensors only when they are ffn experts (its MLA
+    projections are 3-D too). No counter advances, as in llama.cpp."""
+    n_mats = spec.shape[-3] if len(spec.shape) >= 3 else 1
+    experts = facts.arch != "bailingmoe3" or cat in (_FFN_UP, _FFN_GATE, _FFN_DOWN)
+    return "MXFP4" if n_mats > 1 and experts else "Q8_0"
 
 
 def _attn_v_type(qs: _State, new: str) -> str:
@@ -412,11 +425,12 @@ def plan_tensor_types(tensors: Iterable[TensorSpec], facts: ModelFacts, ftype, *
                     new = _mix_rules(qs, new, spec, cat, output_tensor_type)
                 if spec.n_cols % _block_size(new):
                     fallback_from = new
-                    if new not in _FALLBACK:
+                    if new not in _FALLBACK and _block_size(new) > 32:
                         raise QuantizeError(f"{spec.name}: rows of {spec.n_cols} values do not "
                                             f"fit {new} blocks of {_block_size(new)}, and no "
                                             f"fallback type is defined for {new}")
-                    new = _FALLBACK[new]
+                    # a 32-value type has no smaller block to fall back to
+                    new = _FALLBACK.get(new, new)
                     if spec.n_cols % _block_size(new):
                         new = "F16"  # an unusual shape: not even blocks of 32
         plans.append(TensorPlan(spec.name, tuple(spec.shape), spec.type, new, fallback_from))

@@ -733,3 +733,43 @@ vloadi = _vector_loader(types.int32, _VI, 4, i32x16, "arr.flat[idx : idx + 16] o
 viadd = _ibinary("add", "a + b")
 vimul = _ibinary("mul", "a * b (low 32 bits)")
 vixor = _ibinary("xor", "a ^ b")
+
+
+# ------------------------------------------------------------------ 16-entry table in a register
+# A 16-value table (MXFP4's levels) held in one vector and looked up with a permute: one vpermps
+# where vlut's gather from memory costs a load per lane.
+
+_PERMUTE = "avx512f" if host_has("avx512f") else "avx2" if host_has("avx2") else None
+
+
+@intrinsic
+def vperm16(typingctx, table, a):
+    """table[a[i]] per lane, `table` an f32x16 (a permute; indices must be 0..15)"""
+    def cg(context, builder, sig, args):
+        t, idx = args
+        if _PERMUTE == "avx512f":
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VI]),
+                                                "llvm.x86.avx512.permvar.sf.512")
+            return builder.call(fn, [t, idx])
+        if _PERMUTE == "avx2":  # two 8-entry vpermps per half, chosen by bit 3 of the index
+            v8, i8 = ir.VectorType(_f32, 8), ir.VectorType(_i32, 8)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, i8]),
+                                                "llvm.x86.avx2.permps")
+            lo, hi = (builder.shuffle_vector(t, t, ir.Constant(i8, list(range(b, b + 8))))
+                      for b in (0, 8))
+            halves = []
+            for h in range(2):
+                lanes = ir.Constant(i8, list(range(8 * h, 8 * h + 8)))
+                ih = builder.shuffle_vector(idx, idx, lanes)
+                upper = builder.icmp_unsigned("!=", builder.and_(ih, ir.Constant(i8, [8] * 8)),
+                                              ir.Constant(i8, [0] * 8))
+                halves.append(builder.select(upper, builder.call(fn, [hi, ih]),
+                                             builder.call(fn, [lo, ih])))
+            return _concat(builder, *halves)
+        out = ir.Constant(_VF, ir.Undefined)  # elsewhere: lane by lane
+        for i in range(LANES):
+            lane = ir.Constant(_i32, i)
+            out = builder.insert_element(out, builder.extract_element(
+                t, builder.extract_element(idx, lane)), lane)
+        return out
+    return f32x16(f32x16, i32x16), cg
