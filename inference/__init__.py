@@ -36,7 +36,11 @@ _EXPORTS = {
     "Tokenizer": "tokenizers.tokenizer", "POOLINGS": "embedding",
     "run_bench": "bench",
     # (not "perplexity": the name is its module's, which wins once anything has imported it)
-    "run_perplexity": "perplexity:perplexity",
+    "run_perplexity": "perplexity:perplexity", "count_chunks": "perplexity",
+    "LogitsFile": "kl_divergence", "LogitsFileWriter": "kl_divergence",
+    "LogitsFileError": "kl_divergence", "run_kl_divergence": "kl_divergence:kl_divergence",
+    "kld_chunk_line": "kl_divergence:chunk_line", "kld_report": "kl_divergence:report",
+    "KLD_CHUNK_HEADER": "kl_divergence:CHUNK_HEADER",
     # the catalog's facts: ggml types, quantization mixes, architectures
     "GGML_TYPES": "catalog", "MIXES": "catalog", "MIXES_BY_NAME": "catalog",
     "MIXES_BY_FILE_TYPE": "catalog", "MIX_ALIASES": "catalog", "ARCHITECTURES": "catalog",

@@ -29,25 +29,50 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def scored_positions(n_ctx: int) -> int:
+    """Positions scored per chunk: its second half, but for the last (nothing follows it)."""
+    return n_ctx - 1 - n_ctx // 2
+
+
+def count_chunks(n_tokens: int, n_ctx: int, n_chunks: int | None = None) -> int:
+    """How many chunks of n_ctx tokens are scored (at most `n_chunks` when given)."""
+    total = n_tokens // n_ctx
+    if total < 1:
+        raise ValueError(f"the text has {n_tokens} tokens; at least n_ctx = {n_ctx} are "
+                         "needed for one chunk")
+    return min(total, n_chunks) if n_chunks else total
+
+
+def chunk_inputs(tokens: Sequence[int], n_ctx: int, n_chunks: int,
+                 bos_id: int | None) -> list[list[int]]:
+    """The chunks llama-perplexity evaluates: n_ctx tokens each, the first replaced by BOS when
+    the model adds one."""
+    chunks = []
+    for c in range(n_chunks):
+        chunk = [int(t) for t in tokens[c * n_ctx:(c + 1) * n_ctx]]
+        if bos_id is not None:
+            chunk[0] = bos_id
+        chunks.append(chunk)
+    return chunks
+
+
 def perplexity(evaluate: Callable[[list[int]], np.ndarray], tokens: Sequence[int], n_ctx: int,
                bos_id: int | None, n_chunks: int | None = None,
-               on_chunk: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
+               on_chunk: Callable[[int, int, float], None] | None = None,
+               on_scored: Callable[[np.ndarray], None] | None = None) -> PerplexityResult:
     """`evaluate(ids)` returns logits (len(ids), n_vocab) for a fresh sequence; `bos_id` is None
-    when the model adds no BOS. `on_chunk(i, n, running_ppl)` reports progress."""
-    total = len(tokens) // n_ctx
-    if total < 1:
-        raise ValueError(f"the text has {len(tokens)} tokens; at least n_ctx = {n_ctx} are "
-                         "needed for one chunk")
-    n = min(total, n_chunks) if n_chunks else total
+    when the model adds no BOS. `on_chunk(i, n, running_ppl)` reports progress; `on_scored`
+    receives each chunk's scored logits (kl_divergence's base file writer takes them)."""
+    n = count_chunks(len(tokens), n_ctx, n_chunks)
     first = n_ctx // 2
     nll = nll2 = 0.0
     count = 0
     chunk_ppl = []
-    for c in range(n):
-        chunk = [int(t) for t in tokens[c * n_ctx:(c + 1) * n_ctx]]
-        if bos_id is not None:
-            chunk[0] = bos_id
-        logp = log_softmax(evaluate(chunk)[first:n_ctx - 1])
+    for c, chunk in enumerate(chunk_inputs(tokens, n_ctx, n, bos_id)):
+        scored = evaluate(chunk)[first:n_ctx - 1]
+        if on_scored:
+            on_scored(scored)
+        logp = log_softmax(scored)
         targets = np.asarray(chunk[first + 1:n_ctx])
         v = -logp[np.arange(len(targets)), targets]
         nll += float(v.sum())
