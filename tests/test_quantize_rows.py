@@ -11,8 +11,8 @@ from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.quants import QUANTIZERS, base, quantize
 
 TYPES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "BF16",
-         "TQ1_0", "TQ2_0", "MXFP4"]  # ggml's order
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_XXS", "IQ4_NL", "IQ3_S", "IQ4_XS",
+         "BF16", "TQ1_0", "TQ2_0", "MXFP4"]  # ggml's order
 
 
 @pytest.fixture(scope="module")

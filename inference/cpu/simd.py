@@ -773,3 +773,18 @@ def vperm16(typingctx, table, a):
                 t, builder.extract_element(idx, lane)), lane)
         return out
     return f32x16(f32x16, i32x16), cg
+
+
+@intrinsic
+def vsigned16(typingctx, lo, hi, mlo, mhi):
+    """lane i = byte i of the 128 bits lo | hi << 64 read as int8, negated where byte i of
+    mlo | mhi << 64 is 0xFF ((b ^ m) - m on the bytes, then sign-extended to int32): 16 grid
+    values of an i-quant, gathered as two 64-bit words, with their sign masks"""
+    def cg(context, builder, sig, args):
+        def pack(a, b):
+            v = ir.Constant(ir.VectorType(_i64, 2), ir.Undefined)
+            v = builder.insert_element(v, a, ir.Constant(_i32, 0))
+            return builder.bitcast(builder.insert_element(v, b, ir.Constant(_i32, 1)), _VB)
+        b, m = pack(args[0], args[1]), pack(args[2], args[3])
+        return builder.sext(builder.sub(builder.xor(b, m), m), _VI)
+    return i32x16(types.int64, types.int64, types.int64, types.int64), cg
