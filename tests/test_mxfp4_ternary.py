@@ -52,7 +52,10 @@ def test_vperm16_every_path(path, monkeypatch):
     idx = np.random.default_rng(0).integers(0, 16, 16).astype(np.int32)
     idx[:2] = (15, 8)  # both halves of the AVX2 form
     out = np.empty(16, np.float32)
-    _lookup()(table, idx, out)
+    lookup = _lookup()
+    lookup(table, idx, out)
+    assert np.array_equal(out, table[idx])
+    lookup(table, idx + 16 * np.arange(16, dtype=np.int32), out)  # only the low 4 bits count
     assert np.array_equal(out, table[idx])
 
 

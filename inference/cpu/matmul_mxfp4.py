@@ -11,9 +11,9 @@ from __future__ import annotations
 from numba import njit
 
 from ..quants.mxfp4 import MXFP4, MXFP4_LEVELS, e8m0_half
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _nib,
-                             _pair, _rows)
-from .simd import ld_u8, vbcast, vfma, vload, vmul, vperm16
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _pair,
+                             _rows)
+from .simd import ld_u8, vbcast, vfma, vishr, vload, vmul, vperm16, vu8
 
 # values and bytes the kernels step by along a row (catalog geometry through the type's class):
 # module-level ints, so compile-time constants of the kernels below
@@ -22,8 +22,9 @@ MXFP4_VALUES, MXFP4_BYTES = MXFP4.span(MIN_STEP)
 
 @njit(inline="always")
 def _level(w, o, c):
-    """the levels of the low (c even) or high (c odd) nibbles of the 16 bytes at w[o]"""
-    return vperm16(vload(MXFP4_LEVELS, 0), _nib(w, o, c))
+    """the levels of the low (c even) or high (c odd) nibbles of the 16 bytes at w[o] (the
+    permute reads an index's low 4 bits: the low nibbles need no mask)"""
+    return vperm16(vload(MXFP4_LEVELS, 0), vishr(vu8(w, o), 4 * (c & 1)))
 
 
 @njit(inline="always")

@@ -744,7 +744,8 @@ _PERMUTE = "avx512f" if host_has("avx512f") else "avx2" if host_has("avx2") else
 
 @intrinsic
 def vperm16(typingctx, table, a):
-    """table[a[i]] per lane, `table` an f32x16 (a permute; indices must be 0..15)"""
+    """table[a[i] & 15] per lane, `table` an f32x16 (a permute, which reads only the index's low
+    4 bits: a nibble needs no mask)"""
     def cg(context, builder, sig, args):
         t, idx = args
         if _PERMUTE == "avx512f":
@@ -766,7 +767,8 @@ def vperm16(typingctx, table, a):
                 halves.append(builder.select(upper, builder.call(fn, [hi, ih]),
                                              builder.call(fn, [lo, ih])))
             return _concat(builder, *halves)
-        out = ir.Constant(_VF, ir.Undefined)  # elsewhere: lane by lane
+        idx = builder.and_(idx, ir.Constant(_VI, [15] * LANES))  # elsewhere: lane by lane
+        out = ir.Constant(_VF, ir.Undefined)
         for i in range(LANES):
             lane = ir.Constant(_i32, i)
             out = builder.insert_element(out, builder.extract_element(
