@@ -1,7 +1,8 @@
 """IQ1_S and IQ1_M: ggml's 1.5- and 1.75-bit i-quants. Groups of 8 values are one point of a
 grid of values -1, 0, 1 (`grids.IQ1S_GRID`, 2048 points, 11-bit indices) shifted by a delta of
 +-1/8: y = dl * (grid[j] + delta), dl = d * (2 * s + 1) for a 3-bit scale s. Their classes and
-dequantization kernels (dequantize_row_iq1_s / _m, bit for bit).
+dequantization kernels here (dequantize_row_iq1_s / _m, bit for bit), row quantizers in
+`iq1_quantize`.
 
 Layouts (ggml-common.h, little-endian), for sub-block ib (32 values) and group l (8 values):
   IQ1_S  d, qs[32], qh[8] u16 (50 bytes). Grid index qs[4*ib + l] | bits 3*l.. of qh[ib] << 8;
@@ -14,6 +15,7 @@ Layouts (ggml-common.h, little-endian), for sub-block ib (32 values) and group l
 import numpy as np
 from numba import njit, prange
 
+from . import iq1_quantize as rows
 from .base import F16_TO_F32, QuantType
 from .grids import IQ1S_DELTA, IQ1S_GRID
 from .legacy import half_at
@@ -64,12 +66,16 @@ def iq1_m(blocks, table, grid, delta, out):
 
 
 class IQ1_S(QuantType):
+    row_kernel = staticmethod(rows.iq1_s_rows)
+
     @staticmethod
     def run(blocks, out):
         iq1_s(blocks, F16_TO_F32, IQ1S_VALUES, IQ1S_DELTA, out)
 
 
 class IQ1_M(QuantType):
+    row_kernel = staticmethod(rows.iq1_m_rows)
+
     @staticmethod
     def run(blocks, out):
         iq1_m(blocks, F16_TO_F32, IQ1S_VALUES, IQ1S_DELTA, out)  # as dequantize_row_iq1_m

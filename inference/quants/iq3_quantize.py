@@ -44,30 +44,31 @@ GRID_MAPS = {"IQ3_XXS": (IQ3XXS_GRID, (0x04, 0x0C, 0x14, 0x1C, 0x24, 0x2C, 0x34,
 
 # ================================================================== grid map and neighbours
 
-def grid_levels(grid: np.ndarray, grid_map) -> np.ndarray:
-    """(n, 4) int64: the levels 0..7 of each grid point."""
-    magnitudes = grid.astype("<u4").view(np.uint8).reshape(-1, 4)
+def grid_levels(grid: np.ndarray, grid_map, n_values: int) -> np.ndarray:
+    """(n, n_values) int64: the level of each byte of each grid point (the byte's place in
+    `grid_map`)."""
+    magnitudes = grid.astype(f"<u{n_values}").view(np.uint8).reshape(-1, n_values)
     levels = np.searchsorted(np.array(grid_map, np.uint8), magnitudes).astype(np.int64)
     assert np.array_equal(np.array(grid_map, np.uint8)[levels], magnitudes)
     return levels
 
 
 @njit(cache=True)
-def _neighbours(pos, kmap, nwant):
-    """For every u off the grid: its grid points at the `nwant` smallest squared distances, in
-    ggml's order (distance, then index), stored as ggml stores them (a count, then the indices);
-    kmap[u] becomes -(1 + offset)."""
-    n = pos.shape[0]
+def _neighbours(pos, kmap, nwant, bits):
+    """For every u off the grid (u: a level per `bits` bits): its grid points at the `nwant`
+    smallest squared distances, in ggml's order (distance, then index), stored as ggml stores
+    them (a count, then the indices); kmap[u] becomes -(1 + offset)."""
+    n, n_values = pos.shape
     d2 = np.empty(n, np.int64)
     flat = [0]
     flat.pop()
-    for u in range(KMAP_SIZE):
+    for u in range(kmap.size):
         if kmap[u] >= 0:
             continue
         for j in range(n):
             s = 0
-            for k in range(4):
-                diff = pos[j, k] - (2 * ((u >> (3 * k)) & 7) + 1)
+            for k in range(n_values):
+                diff = pos[j, k] - (2 * ((u >> (bits * k)) & ((1 << bits) - 1)) + 1)
                 s += diff * diff
             d2[j] = s
         kmap[u] = -(len(flat) + 1)
@@ -89,14 +90,15 @@ def _neighbours(pos, kmap, nwant):
     return np.array(flat, np.uint16)
 
 
-def build_grid_tables(grid: np.ndarray, grid_map, nwant: int):
-    """iq3xs_init_impl: (pos (n, 4) float32 grid values 2*l + 1, kmap int32, kneighbours
-    uint16)."""
-    levels = grid_levels(grid, grid_map)
-    kmap = np.full(KMAP_SIZE, -1, np.int32)
-    kmap[(levels << (3 * np.arange(4))).sum(axis=1)] = np.arange(len(levels), dtype=np.int32)
+def build_grid_tables(levels: np.ndarray, bits: int, kmap_size: int, nwant: int):
+    """iq3xs_init_impl (and iq2xs_init_impl, of which it is the 4-value copy) for a grid of
+    levels (n, n_values): (pos (n, n_values) float32 grid values 2*l + 1, kmap int32,
+    kneighbours uint16)."""
+    kmap = np.full(kmap_size, -1, np.int32)
+    kmap[(levels << (bits * np.arange(levels.shape[1]))).sum(axis=1)] = \
+        np.arange(len(levels), dtype=np.int32)
     pos = 2 * levels + 1
-    neighbours = _neighbours(pos, kmap, nwant)
+    neighbours = _neighbours(pos, kmap, nwant, bits)
     return pos.astype(np.float32), kmap, neighbours
 
 
@@ -108,7 +110,9 @@ def grid_tables(type_name: str):
     """The type's (pos, kmap, kneighbours), built on first use and kept."""
     with _tables_lock:
         if type_name not in _tables:
-            _tables[type_name] = build_grid_tables(*GRID_MAPS[type_name])
+            grid, grid_map, nwant = GRID_MAPS[type_name]
+            _tables[type_name] = build_grid_tables(grid_levels(grid, grid_map, 4), 3,
+                                                   KMAP_SIZE, nwant)
         return _tables[type_name]
 
 
