@@ -11,8 +11,9 @@ from llamatui.inference.catalog import GGML_TYPES
 from llamatui.inference.quants import QUANTIZERS, base, quantize
 
 TYPES = ["F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",
-         "IQ4_XS", "IQ1_M", "BF16", "TQ1_0", "TQ2_0", "MXFP4"]  # ggml's order
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+         "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "BF16", "TQ1_0", "TQ2_0",
+         "MXFP4"]  # ggml's order
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_row_length_must_be_whole_blocks(type_name, n_cols, block):
         quantize(type_name, np.ones((2, n_cols), np.float32))
 
 
-@pytest.mark.parametrize("type_name", ["IQ2_XXS", "F32", "q4_k", "nope"])
+@pytest.mark.parametrize("type_name", ["Q8_K", "F32", "q4_k", "nope"])
 def test_unsupported_type(type_name):
     with pytest.raises(ValueError, match=rf"cannot quantize to '{type_name}': supported types are F16, Q4_0, "):
         quantize(type_name, np.ones((1, 256), np.float32))

@@ -778,6 +778,26 @@ def vperm16(typingctx, table, a):
 
 
 @intrinsic
+def vsigned_rows(typingctx, values, i0, i1, signs, j0, j1):
+    """lanes 0-7 = row i0 of `values` (float32, 8 columns), lanes 8-15 = row i1, their sign bits
+    xor-ed with rows j0 and j1 of `signs` (uint32, 8 columns of 0 or 0x80000000): two grid
+    points of an i-quant with their signs, in four 32-byte loads (both tables C-contiguous)"""
+    if not (isinstance(values, types.Array) and values.dtype == types.float32
+            and isinstance(signs, types.Array) and signs.dtype == types.uint32):
+        return None
+
+    def cg(context, builder, sig, args):
+        def rows(k, ty):
+            eight = ir.Constant(_i64, 8)
+            a, b = (_load(context, builder, sig.args[k], args[k], builder.mul(i, eight),
+                          ir.VectorType(ty, 8), 4) for i in args[k + 1:k + 3])
+            return builder.shuffle_vector(a, b, ir.Constant(_VI, list(range(LANES))))
+        bits = builder.xor(builder.bitcast(rows(0, _f32), _VI), rows(3, _i32))
+        return builder.bitcast(bits, _VF)
+    return f32x16(values, types.intp, types.intp, signs, types.intp, types.intp), cg
+
+
+@intrinsic
 def vsigned16(typingctx, lo, hi, mlo, mhi):
     """lane i = byte i of the 128 bits lo | hi << 64 read as int8, negated where byte i of
     mlo | mhi << 64 is 0xFF ((b ^ m) - m on the bytes, then sign-extended to int32): 16 grid
