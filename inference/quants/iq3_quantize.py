@@ -36,8 +36,9 @@ _FLT_MAX = np.float32(3.4028234663852886e38)
 IQ3_XXS_BYTES = GGML_TYPES["IQ3_XXS"].type_size
 IQ3_S_BYTES = GGML_TYPES["IQ3_S"].type_size
 
-# the grid bytes of levels 0..7 (gguf-py's grid_map): ggml-common.h's grids hold dequantized
-# magnitudes, the quantizer's (iq3xs_init_impl's kgrid_*) their levels
+# type -> (grid, the grid bytes of levels 0..7 (gguf-py's grid_map), how many distinct distances
+# of neighbours iq3xs_init_impl keeps): ggml-common.h's grids hold dequantized magnitudes, the
+# quantizer's (iq3xs_init_impl's kgrid_*) their levels
 GRID_MAPS = {"IQ3_XXS": (IQ3XXS_GRID, (0x04, 0x0C, 0x14, 0x1C, 0x24, 0x2C, 0x34, 0x3E), 2),
              "IQ3_S": (IQ3S_GRID, (0x01, 0x03, 0x05, 0x07, 0x09, 0x0B, 0x0D, 0x0F), 3)}
 
