@@ -124,6 +124,9 @@ if SIMULATED:
 else:
     from numba.cuda import libdevice
 
+    from .compat import load_array_overloads
+    load_array_overloads()  # before the first kernel compiles (numpy 2.5 and numba-cuda 0.30)
+
     @cuda.jit(device=True)
     def thread_rank():
         return cuda.threadIdx.x + cuda.blockDim.x * (
