@@ -148,7 +148,8 @@ class Backend(ABC):
 
     @abstractmethod
     def take(self, x):
-        """An activation array from any backend, here."""
+        """An activation array from the host or, on a device, from another device, here (a
+        device's array reaches the host through its own backend: `move`)."""
 
     @abstractmethod
     def to_host(self, x) -> np.ndarray:
@@ -217,3 +218,14 @@ class Backend(ABC):
     @abstractmethod
     def scale(self, x, s: float):
         """x * s."""
+
+
+def move(x, source: Backend, dest: Backend):
+    """Activation `x` of backend `source` as an array of `dest`: to the host through the
+    device's own `to_host` (CuPy refuses an implicit conversion to numpy, and only that backend
+    knows the stream its kernels wrote x on), onto a device by `dest.take`."""
+    if source is dest:
+        return x
+    if dest.device is None and source.device is not None:
+        x = source.to_host(x)
+    return dest.take(x)

@@ -36,7 +36,7 @@ import numpy as np
 
 from .cpu import attention
 from .archs.base import Architecture, WeightLoader
-from .backend import KQMask
+from .backend import KQMask, move
 from .cpu.backend import CPUBackend
 from .catalog import UnsupportedArchitectureError, get_arch
 from .config import LoadConfig, config_or_defaults
@@ -199,12 +199,11 @@ class ForwardContext:
         backend than the layer's (--no-kv-offload), q, k and v go there and the result comes
         back, as llama.cpp runs attention next to the cache."""
         be, kv_be = self.backend(il), self.model.kv_backends[il]
-        if kv_be is not be:
-            q, k, v = kv_be.take(q), kv_be.take(k), kv_be.take(v)
+        q, k, v = (move(a, be, kv_be) for a in (q, k, v))
         self.kv.write(il, self.cells, k, v)  # into the rows the cache's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
         out = kv_be.attention(q, k_all, v_all, KQMask(self, self.hp.window(il)), scale, softcap)
-        return out if kv_be is be else be.take(out)
+        return move(out, kv_be, be)
 
 
 class EmbeddingContext(ForwardContext):

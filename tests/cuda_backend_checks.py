@@ -66,9 +66,11 @@ def simulated_devices(*total_bytes):
 def assert_close(got, want64, magnitude, what, ulps=64):
     """Within `ulps` float32 epsilons of `magnitude` (the sum of absolute terms): float32
     rounding."""
-    bound = ulps * np.finfo(np.float32).eps * np.maximum(magnitude, np.finfo(np.float32).tiny)
     err = np.abs(np.asarray(got, np.float64) - want64)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    # per value, also where one magnitude bounds them all (a scalar has no [worst] to report)
+    bound = np.broadcast_to(ulps * np.finfo(np.float32).eps
+                            * np.maximum(magnitude, np.finfo(np.float32).tiny), err.shape)
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(err / bound), err.shape))
     assert np.all(err <= bound), (f"{what}: error {err[worst]:.3g} at {worst} beyond float32 "
                                   f"rounding ({bound[worst]:.3g})")
 
@@ -442,6 +444,25 @@ def check_backend_encoder_ops():
                                        None if bias is None else be.take(bias), 1e-5))
         expected = want if bias is not None else want - b
         assert_close(got, expected, np.abs(want) + np.abs(b), "layer_norm", ulps=16)
+
+
+@check("device_arrays_refuse_the_host")
+def check_device_arrays_refuse_the_host():
+    """A device array is not a host array: converting it (what the CPU backend's take does) or
+    computing with a host array raises TypeError, on a GPU (CuPy) and under the simulator
+    alike, so that a device array reaching host code fails here as it would on a GPU; it comes
+    back only through to_host."""
+    from llamatui.inference.cpu.backend import CPUBackend
+    be = cuda_backend()
+    x = be.take(np.ones((2, 4), np.float32))
+    for what, host_use in (("np.asarray", np.asarray), ("CPUBackend.take", CPUBackend().take),
+                           ("math with a host array", lambda a: a + np.ones(4, np.float32))):
+        try:
+            host_use(x)
+        except TypeError:
+            continue
+        raise AssertionError(f"{what} accepted a device array")
+    assert_bits(be.to_host(x), np.ones((2, 4), np.float32), "to_host")
 
 
 # ----------------------------------------------------------------------------- the model

@@ -75,9 +75,11 @@ def assert_bits_equal(got, want, what):
 def assert_close_f32(got, want64, magnitude, what, ulps=64):
     """|got - want| within `ulps` float32 epsilons of `magnitude` (the sum of absolute terms
     that made each value): equal up to float32 rounding."""
-    bound = ulps * np.finfo(np.float32).eps * np.maximum(magnitude, np.finfo(np.float32).tiny)
     err = np.abs(got.astype(np.float64) - want64)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    # per value, also where one magnitude bounds them all (a scalar has no [worst] to report)
+    bound = np.broadcast_to(ulps * np.finfo(np.float32).eps
+                            * np.maximum(magnitude, np.finfo(np.float32).tiny), err.shape)
+    worst = tuple(int(i) for i in np.unravel_index(np.argmax(err / bound), err.shape))
     assert np.all(err <= bound), (f"{what}: error {err[worst]:.3g} at {worst} beyond float32 "
                                   f"rounding ({bound[worst]:.3g}); got {got[worst]}, "
                                   f"want {want64[worst]}")

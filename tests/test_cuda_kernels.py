@@ -10,6 +10,7 @@ checks on the device. The simulator's child process also runs the CUDA backend's
 import numpy as np
 import pytest
 
+import cuda_backend_checks
 import cuda_checks
 from llamatui.inference.rope import RopeSpec
 
@@ -85,3 +86,17 @@ def test_rope_refuses_tables_of_the_wrong_size():
     with pytest.raises(ValueError, match=r"\(3,\) frequency factors"):
         rope(np.zeros((2, 1, 8), np.float32), np.zeros(2, np.int64), RopeSpec(8, 1e4),
              np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("assert_close", [cuda_checks.assert_close_f32,
+                                          cuda_backend_checks.assert_close])
+def test_a_failed_check_with_one_magnitude_says_where(assert_close):
+    """One magnitude for every value (as the RoPE checks pass |x|.max()): the failure names the
+    worst value and its bound, rather than failing on its own message (IndexError on a scalar
+    bound, as on the H200)."""
+    got = np.zeros((2, 3), np.float32)
+    want = got.astype(np.float64)
+    want[1, 2] = 0.5
+    with pytest.raises(AssertionError, match=r"rope: error 0\.5 at \(1, 2\) beyond float32 "
+                                             r"rounding \(1\.91e-06\)"):
+        assert_close(got, want, np.float32(2.0), "rope", ulps=8)

@@ -164,13 +164,14 @@ def test_hidden_states_cross_each_boundary_once_per_batch(models, family):
 
 def test_without_kv_offload_attention_runs_next_to_the_cache(models):
     """--no-kv-offload: each offloaded layer sends q, k, v to the host's cache and gets the
-    attention back (llama.cpp runs attention where the cache is)."""
+    attention back (llama.cpp runs attention where the cache is). They leave the device through
+    its own to_host (a GPU's arrays cannot be converted by the host: CuPy refuses)."""
     cpu = Model.load(models["llama"], LoadConfig(n_ctx=128))
     model, devices = split_model(models["llama"], [0, 0, 0], 0, kv_devices=[None] * 3)
     batch = Batch(TOKENS[:9], pos=0)
     np.testing.assert_array_equal(model.decode(batch), cpu.decode(batch))
-    assert dict(devices[None].crossings) == {"in": 9}
-    assert dict(devices[0].crossings) == {"in": 1 + 3, "out": 1}
+    assert dict(devices[None].crossings) == {}
+    assert dict(devices[0].crossings) == {"in": 1 + 3, "out": 3 * 3 + 1}
     model.close()
 
 
@@ -227,6 +228,37 @@ def test_no_usable_gpu_means_the_cpu_with_one_line(models, probe_says, reason):
         assert reason in model.offload_note and model.offload_note.endswith("on the CPU")
         assert model.decode(TOKENS[:3]).shape == (1, 512)
         model.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*Grid size")  # numba's note on the one-block launch
+def test_a_kernel_that_fails_to_compile_means_the_cpu_with_one_line(models, probe_says,
+                                                                    monkeypatch):
+    """A GPU is there but its first kernel does not compile (numba-cuda 0.30 on numpy 2.5 raised
+    AttributeError at the first compile): Model.load and Engine.load run on the CPU and say
+    why in one line, with -ngl 99 and with auto."""
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    from llamatui.inference import Engine
+    runtime = importlib.import_module("llamatui.inference.cuda.runtime")
+    probe_says(probe_mod.GPUProbe(True, (probe_mod.GPUDevice(0, "a GPU", 1 << 34, 1 << 34,
+                                                              (9, 0)),)))
+    monkeypatch.setattr(runtime, "make_runtime",
+                        lambda index, total=None: runtime.SimulatedRuntime(index, total))
+
+    def compile_fails(self, *args, **kwargs):
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+    monkeypatch.setattr(CUDADispatcher, "compile", compile_fails)
+    note = ("GPU offload unavailable: the first CUDA kernel failed to compile or run "
+            "(AttributeError: module 'numpy' has no attribute 'row_stack'); running on the CPU")
+    for ngl in (99, "auto"):
+        model = Model.load(models["llama"], LoadConfig(n_ctx=64, offload=OffloadOptions(
+            n_gpu_layers=ngl)))
+        assert (model.n_gpu_layers, model.offload_note) == (0, note)
+        assert model.decode(TOKENS[:3]).shape == (1, 512)
+        model.close()
+    config = LoadConfig(n_ctx=64, offload=OffloadOptions(n_gpu_layers=99))  # warm-up decode on
+    with Engine.load(models["llama"], config) as engine:
+        assert (engine.info.n_gpu_layers, engine.info.gpu_note) == (0, note)
 
 
 def test_ngl_0_never_probes(models, monkeypatch):

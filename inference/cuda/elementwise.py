@@ -7,7 +7,10 @@ Each kernel computes what its CPU twin in `llamatui.inference.cpu.ops` computes,
   frequency factors and YaRN (ggml-cuda/rope.cu rope_norm / rope_neox, rope_yarn). The angle is
   built as ggml's CPU rope cache builds it, `theta = pos` multiplied by theta_scale once per
   pair, so the angles are bit for bit the CPU's (rope.cu's powf gives slightly different ones at
-  long positions).
+  long positions). Products that feed a sum (YaRN's mix, the rotation) are rounded on their
+  own (`mul_rn`): NVVM would fuse them into FMAs, which the CPU never does, and a fused mix moves
+  a far position's angle by one rounding of the angle (about 1e-3 radians at position 30000).
+  The simulator computes in numpy, which never fuses: only a GPU shows the difference.
 - `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit cpu.ops.geglu.
@@ -22,8 +25,8 @@ import numpy as np
 from numba import cuda
 
 from ..quants.fp16 import GELU_F16_TABLE
-from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half_bits, shfl_xor_f32,
-                     shfl_xor_i32)
+from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half_bits, mul_rn,
+                     shfl_xor_f32, shfl_xor_i32)
 
 # threads per block; the simulator runs each thread as a Python thread and each barrier as a
 # polling round over them, so it gets one warp (the kernels take any whole number of warps)
@@ -98,7 +101,7 @@ def _rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, co
         one = np.float32(1.0)
         y = (np.float32(i) - corr_lo) / max(np.float32(0.001), corr_hi - corr_lo)
         mix = (one - min(one, max(np.float32(0.0), y))) * ext_factor
-        angle = angle * (one - mix) + extrap * mix
+        angle = mul_rn(angle, one - mix) + mul_rn(extrap, mix)
     c = math.cos(angle) * mscale
     s = math.sin(angle) * mscale
     if neox:
@@ -109,8 +112,8 @@ def _rope_kernel(x, pos, freq_factors, theta_scale, freq_scale, n_dims, neox, co
         j1 = 2 * i + 1
     x0 = x[t, h, j0]
     x1 = x[t, h, j1]
-    x[t, h, j0] = x0 * c - x1 * s
-    x[t, h, j1] = x0 * s + x1 * c
+    x[t, h, j0] = mul_rn(x0, c) - mul_rn(x1, s)
+    x[t, h, j1] = mul_rn(x0, s) + mul_rn(x1, c)
 
 
 def rope(x, pos, spec, freq_factors, stream=0):

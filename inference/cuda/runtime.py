@@ -9,11 +9,12 @@ runs on a GPU and, in CI, under numba's CUDA simulator:
   synchronization numba does by default) and CuPy's own operations run; prompts multiply through
   cuBLAS (`cublasGemmEx`, fp16 inputs, float32 accumulation and output); decode steps can be
   captured into CUDA graphs (`cudaStreamBeginCapture`) and replayed.
-- `SimulatedRuntime` (NUMBA_ENABLE_CUDASIM=1): device arrays are numpy arrays of a marker
-  subclass, kernels run in numba's simulator, GEMM in numpy (fp16 inputs widened to float32,
-  as cuBLAS accumulates), and a "graph" is the list of operations recorded during a capture,
-  replayed in order, so that what a real capture would freeze (launch arguments, buffers)
-  is frozen here too. It counts what it allocates against its memory size, so running out of
+- `SimulatedRuntime` (NUMBA_ENABLE_CUDASIM=1): device arrays are `sim_array.SimDeviceArray`s,
+  numpy memory as strict at the host boundary as CuPy's arrays (no implicit conversion to numpy,
+  no math with host arrays), kernels run in numba's simulator, GEMM in numpy (fp16 inputs
+  widened to float32, as cuBLAS accumulates), and a "graph" is the list of operations recorded
+  during a capture, replayed in order, so that what a real capture would freeze (launch
+  arguments, buffers) is frozen here too. It counts what it allocates against its memory size, so running out of
   device memory can be tested.
 
 An operation is a callable given to `op`: run now, or recorded when a graph is being captured (a
@@ -30,6 +31,7 @@ from collections import Counter
 import numpy as np
 
 from .device import SIMULATED
+from .sim_array import SimDeviceArray, raw
 
 GIB = 1 << 30
 SIMULATED_DEVICE_BYTES = 4 * GIB  # a simulated device's memory unless the probe says otherwise
@@ -50,16 +52,6 @@ class CaptureError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- simulated device
-
-
-class SimDeviceArray(np.ndarray):
-    """An array on a simulated device: numpy memory, tagged with the device's index."""
-
-    device: int | None = None
-
-    def __array_finalize__(self, obj):
-        if obj is not None:
-            self.device = getattr(obj, "device", None)
 
 
 class CapturedGraph:
@@ -168,15 +160,14 @@ class SimulatedRuntime(DeviceRuntime):
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         if self._used[0] + nbytes > self.total_bytes:
             raise DeviceOutOfMemory(self.index, nbytes, self.total_bytes - self._used[0])
-        a = (np.empty(shape, dtype) if fill is None else np.zeros(shape, dtype)).view(
-            SimDeviceArray)
-        a.device = self.index
+        memory = np.empty(shape, dtype) if fill is None else np.zeros(shape, dtype)
         self._used[0] += nbytes
         used = self._used
 
         def release(n=nbytes):
             used[0] -= n
-        weakref.finalize(a, release)
+        weakref.finalize(memory, release)  # (views of it keep it alive)
+        a = SimDeviceArray(memory, self.index)
         if self.capturing:
             self._keep.append(a)
         return a
@@ -191,13 +182,13 @@ class SimulatedRuntime(DeviceRuntime):
         self._check_not_capturing("an upload")
         host = np.ascontiguousarray(host)
         a = self._alloc(host.shape, host.dtype)
-        a[...] = host
+        raw(a)[...] = host
         self.transfers["upload"] += 1
         return a
 
     def upload_into(self, dst, host):
         self._check_not_capturing("an upload")
-        np.copyto(dst.view(np.ndarray), host, casting="same_kind")
+        np.copyto(raw(dst), host, casting="same_kind")
         self.transfers["upload"] += 1
 
     def download(self, x):
@@ -205,18 +196,22 @@ class SimulatedRuntime(DeviceRuntime):
         if self.capturing:
             out = np.empty(x.shape, x.dtype)
             self._outputs.append(out)
-            self._ops.append((np.copyto, (out, x), {}))
+            self._ops.append((np.copyto, (out, raw(x)), {}))
             return out
-        return np.array(x.view(np.ndarray))
+        return np.array(raw(x))
 
     def copy_from(self, x, source):
         self._check_not_capturing("a copy between devices")
         a = self._alloc(x.shape, x.dtype)
-        a[...] = x.view(np.ndarray)
+        raw(a)[...] = raw(x)
         self.transfers["peer"] += 1
         return a
 
     def op(self, fn, *args, **kwargs):
+        """fn on the arrays' memory (the device's view of them): array operations and kernel
+        launches; device arrays inside other arguments (a DeviceKV's rows) reach the simulator's
+        kernels as they are."""
+        args, kwargs = raw(args), raw(kwargs)
         if self._ops is not None:
             self._ops.append((fn, args, kwargs))
         else:
@@ -224,8 +219,7 @@ class SimulatedRuntime(DeviceRuntime):
 
     def gemm(self, x, w, out):
         def product(x, w, out):
-            np.matmul(x.view(np.ndarray).astype(np.float32), w.view(np.ndarray).astype(
-                np.float32).T, out=out.view(np.ndarray))
+            np.matmul(x.astype(np.float32), w.astype(np.float32).T, out=out)
         self.op(product, x, w, out)
 
     def mem_info(self):
@@ -438,7 +432,9 @@ def make_runtime(index: int, total_bytes: int | None = None) -> DeviceRuntime:
 
 def array_device(x) -> int | None:
     """The device index of a device array, None for a host array."""
+    if isinstance(x, SimDeviceArray):
+        return x.device
     if isinstance(x, np.ndarray):
-        return x.device if isinstance(x, SimDeviceArray) else None
+        return None
     device = getattr(x, "device", None)
     return getattr(device, "id", None)
