@@ -38,8 +38,8 @@ def test_kernels_on_the_gpu():
 
 def test_unsupported_weight_type_is_named():
     from llamatui.inference.cuda.dequant import UnsupportedDeviceTypeError, dequantize_rows
-    with pytest.raises(UnsupportedDeviceTypeError, match="'IQ2_XXS'.*supported: F32"):
-        dequantize_rows("IQ2_XXS", np.zeros((2, 66), np.uint8), np.zeros(1, np.int64),
+    with pytest.raises(UnsupportedDeviceTypeError, match="'NVFP4'.*supported: F32"):
+        dequantize_rows("NVFP4", np.zeros((2, 36), np.uint8), np.zeros(1, np.int64),
                         np.zeros((1, 256), np.float32))
 
 

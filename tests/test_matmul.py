@@ -194,7 +194,7 @@ def test_errors(vectors):
     raw, _ = golden_weight(vectors, "Q4_0")
     x = np.zeros((1, 4096), np.float32)
     with pytest.raises(NotImplementedError):
-        mm.matmul("IQ2_XXS", raw, x)
+        mm.matmul("NVFP4", raw, x)
     with pytest.raises(ValueError):
         mm.matmul("Q4_0", raw, np.zeros((1, 4064), np.float32))  # wrong in_features
     with pytest.raises(ValueError):

@@ -95,9 +95,9 @@ def test_engine_types_are_the_types_with_cpu_kernels():
     from llamatui.inference.quants import kernels_of
     from llamatui.inference.support import engine_types, mix_runs_here, runs_here
     assert engine_types() == frozenset(kernels_of("cpu")) >= {"F32", "BF16", "Q4_K", "IQ4_XS"}
-    assert mix_runs_here(MIXES_BY_NAME["Q4_K_M"]) and not mix_runs_here(MIXES_BY_NAME["IQ2_XS"])
+    assert mix_runs_here(MIXES_BY_NAME["Q4_K_M"]) and mix_runs_here(MIXES_BY_NAME["IQ2_XS"])
     assert runs_here("llama", ["Q4_K", "Q6_K", "F32"])
-    assert not runs_here("llama", ["Q4_K", "IQ2_XS"]) and not runs_here("mamba", ["Q4_K"])
+    assert not runs_here("llama", ["Q4_K", "NVFP4"]) and not runs_here("mamba", ["Q4_K"])
 
 
 def test_remote_header_gives_the_same_estimate(hub_server, smollm2_path, gemma3_path):
@@ -169,7 +169,7 @@ def test_recommend_picks_the_best_that_fits(hub_server):
     roomy = recommend(listing, _hw(ram=64 << 30), n_ctx=4096)
     assert roomy.shape_source == "remote header"
     fits = {f.quant: f for f in roomy.fits}
-    assert fits["IQ2_XS"].supported is False
+    assert fits["IQ2_XS"].supported is True
     assert fits["Q6_K"].supported is True and "split" not in fits["Q6_K"].note  # 2 shards
     assert roomy.best.quant == "Q8_0" and roomy.best.label == "fits in RAM"
     # A wider model, where file sizes outweigh kernels: RAM just under the Q8_0 need leaves
@@ -203,7 +203,9 @@ def test_search_files_command(hub_server, capsys, monkeypatch):
     assert main(["search", "--files", "acme/Tiny-GGUF", "-c", "2048"]) == 0
     out = capsys.readouterr().out
     assert "Q4_K_M" in out and "fits in" in out and "recommended" in out
-    assert "not supported by the engine" in out and "mmproj-Tiny-F16.gguf" in out
+    # every quant of the listing runs now, IQ2_XS included (the low-bit kernels)
+    assert "IQ2_XS" in out and "not supported by the engine" not in out
+    assert "mmproj-Tiny-F16.gguf" in out
 
 
 # ----------------------------------------------------------------------------- honesty
