@@ -19,7 +19,9 @@ L2-normalized and rounded to 6 decimals (the tests compare directions).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -39,12 +41,25 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
 
 
-def record(path: pathlib.Path, n_ctx: int) -> dict:
+def llama_cpp_logits(path: pathlib.Path, n_ctx: int, tokens: list[int]) -> np.ndarray:
+    """llama.cpp's logits (len(tokens), n_vocab) of `tokens` decoded in one batch: through the
+    program named by LLAMA_LOGITS (tests/llama_logits.c) when set, else llama-cpp-python."""
+    tool = os.environ.get("LLAMA_LOGITS")
+    if tool:
+        with tempfile.TemporaryDirectory() as tmp:
+            ids, out = pathlib.Path(tmp, "tokens.bin"), pathlib.Path(tmp, "logits.bin")
+            np.asarray(tokens, dtype=np.int32).tofile(ids)
+            subprocess.run([tool, str(path), str(n_ctx), "2", str(ids), str(out)], check=True)
+            return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
     from llama_cpp import Llama
     llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=256, n_ubatch=256, logits_all=True,
                 n_threads=2, verbose=False)
-    llm.eval(TOKENS)
-    logprobs = log_softmax(np.array(llm.scores[:len(TOKENS)], dtype=np.float32))
+    llm.eval(tokens)
+    return np.array(llm.scores[:len(tokens)], dtype=np.float32)
+
+
+def record(path: pathlib.Path, n_ctx: int, tokens: list[int] = TOKENS) -> dict:
+    logprobs = log_softmax(llama_cpp_logits(path, n_ctx, tokens))
     top2 = np.argsort(-logprobs, axis=1)[:, :2]
     rows = [[int(a), float(logprobs[i, a]), int(b), float(logprobs[i, b])]
             for i, (a, b) in enumerate(top2)]
@@ -87,10 +102,11 @@ def _load(path: pathlib.Path) -> dict:
 
 
 def main(names: list[str]) -> None:
-    import llama_cpp
     from llamatui.inference.catalog import ARCHITECTURES
     golden, golden_embd = _load(GOLDEN), _load(GOLDEN_EMBEDDINGS)
-    golden["llama_cpp_python"] = golden_embd["llama_cpp_python"] = llama_cpp.__version__
+    if not os.environ.get("LLAMA_LOGITS"):
+        import llama_cpp
+        golden["llama_cpp_python"] = golden_embd["llama_cpp_python"] = llama_cpp.__version__
     golden["tokens"] = TOKENS
     golden_embd["inputs"], golden_embd["texts"] = EMBED_INPUTS, EMBED_TEXTS
     models = golden.setdefault("models", {})
