@@ -71,8 +71,9 @@ class PackedWeight(NamedTuple):
 
 def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     """a view of dst with `shape` (never a copy: writes must land in dst)"""
-    view = dst.view()
-    view.shape = shape
+    view = dst.reshape(shape)
+    if not np.may_share_memory(view, dst):  # numpy 2.5 deprecates setting .shape, which raised
+        raise ValueError(f"no view of {dst.shape} has shape {shape}")
     return view
 
 
