@@ -115,21 +115,21 @@ MIXES: tuple[Mix, ...] = (
     _mix("MXFP4", 38, "MXFP4", "Q8_0", q=True),  # llama_ftype MXFP4_MOE
     _mix("Q3_K_L", 13, "Q3_K", "Q5_K", "Q6_K", q=True),
     _mix("Q3_K_M", 12, "Q3_K", "Q4_K", "Q6_K", q=True),
-    _mix("IQ3_M", 27, "IQ3_S", "IQ4_XS", "Q6_K"),
-    _mix("IQ3_S", 26, "IQ3_S", "Q6_K"),
+    _mix("IQ3_M", 27, "IQ3_S", "Q4_K", "Q6_K", q=True),
+    _mix("IQ3_S", 26, "IQ3_S", "Q4_K", "Q6_K", q=True),
     _mix("Q3_K_S", 11, "Q3_K", "Q6_K", q=True),
-    _mix("IQ3_XS", 22, "IQ3_S", "IQ3_XXS", "Q6_K"),
-    _mix("IQ3_XXS", 23, "IQ3_XXS", "Q6_K"),
+    _mix("IQ3_XS", 22, "IQ3_S", "IQ3_XXS", "Q4_K", "Q6_K", q=True),
+    _mix("IQ3_XXS", 23, "IQ3_XXS", "IQ2_S", "IQ3_S", "Q4_K", "Q5_K", q=True),
     _mix("Q2_K", 10, "Q2_K", "Q3_K", "Q4_K", "Q6_K", q=True),
     _mix("Q2_K_S", 21, "Q2_K", "Q4_K", "Q6_K", q=True),
-    _mix("IQ2_M", 29, "IQ2_S", "IQ3_S", "Q6_K"),
-    _mix("IQ2_S", 28, "IQ2_S", "IQ3_S", "Q6_K"),
-    _mix("IQ2_XS", 20, "IQ2_XS", "Q2_K", "Q6_K"),
-    _mix("IQ2_XXS", 19, "IQ2_XXS", "Q2_K", "Q6_K"),
-    _mix("IQ1_M", 31, "IQ1_M", "IQ2_XXS", "Q6_K"),
-    _mix("IQ1_S", 24, "IQ1_S", "IQ2_XXS", "Q6_K"),
-    _mix("TQ2_0", 37, "TQ2_0", "Q4_K", "Q6_K"),
-    _mix("TQ1_0", 36, "TQ1_0", "Q4_K", "Q6_K"),
+    _mix("IQ2_M", 29, "IQ2_S", "IQ3_S", "Q4_K", "Q5_K", q=True),
+    _mix("IQ2_S", 28, "IQ2_XS", "IQ3_S", "Q4_K", "Q5_K", q=True),  # mostly IQ2_XS, as llama.cpp
+    _mix("IQ2_XS", 20, "IQ2_XS", "Q2_K", "Q4_K", "Q5_K", q=True),
+    _mix("IQ2_XXS", 19, "IQ2_XXS", "Q2_K", "Q4_K", "Q5_K", q=True),
+    _mix("IQ1_M", 31, "IQ1_M", "IQ2_XXS", "Q2_K", "Q4_K", "Q5_K", q=True),
+    _mix("IQ1_S", 24, "IQ1_S", "IQ2_XXS", "Q2_K", "Q4_K", "Q5_K", q=True),
+    _mix("TQ2_0", 37, "TQ2_0", "Q4_K", "Q6_K", q=True),
+    _mix("TQ1_0", 36, "TQ1_0", "Q4_K", "Q6_K", q=True),
 )
 MIXES_BY_NAME: dict[str, Mix] = {m.name: m for m in MIXES}
 # llama-quantize's names where they differ: the short names of the _M mixes, MXFP4's

@@ -11,9 +11,14 @@ The type choice is llama.cpp's `llama_tensor_get_type` (src/llama-quant.cpp):
   `attn_v` and `ffn_down` to more bits on the first, last and every third layer
   ("use_more_bits"), `attn_output` for the Q2_K/Q3_K mixes, and so on.
 * MXFP4 (llama-quantize's MXFP4_MOE): the experts' 3-D tensors MXFP4, every other weight Q8_0.
+* The 1- and 2-bit i-quant mixes (IQ1_S/IQ1_M/IQ2_XXS/IQ2_XS/IQ2_S/IQ2_M) raise attn_v, the
+  first n/8 ffn_down and attn_output, put the output at Q5_K and the token embedding at Q2_K or
+  IQ3_S; IQ3_XXS/IQ3_XS/IQ3_S/IQ3_M and the ternary TQ1_0/TQ2_0 have their own few rules.
+* IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M and IQ1_S tensors (and Q2_K_S's Q2_K ones) need an
+  importance matrix: without one the quantization is refused before anything is written.
 * A row length that is not a multiple of the chosen type's block falls back to a type it is:
-  Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, IQ4_XS → IQ4_NL, then F16 (a
-  32-value type straight to F16).
+  Q2_K/Q3_K/TQ1_0/TQ2_0 → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, the IQ types of 256
+  → IQ4_NL, then F16 (a 32-value type straight to F16).
 * Tensors are visited in llama.cpp's order (by layer, then by name), which is also the order
   they are written in; the attn_v counter that drives the Q3_K_M / Q4_K_S rules follows it.
 
@@ -255,40 +260,92 @@ class _State:
         return counter, n_layer
 
 
+# The very-low-bit mixes llama.cpp gives rules of their own (attn_v, ffn_down, attn_output).
+_VERY_LOW_BIT = frozenset({"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"})
+# Those whose output (or tied token embedding) gets Q5_K instead of Q6_K.
+_OUTPUT_Q5_K = _VERY_LOW_BIT | {"IQ3_XXS"}
+
+
 def _mix_rules(qs: _State, new: str, spec: TensorSpec, cat: int,
                output_tensor_type: str | None) -> str:
-    """llama_tensor_get_type_impl for the file types llamatui offers."""
-    facts = qs.facts
+    """llama_tensor_get_type_impl: the mix's type for one tensor, branch by branch in
+    llama.cpp's order (the first that matches decides)."""
+    facts, f = qs.facts, qs.ftype.name
     if cat == _OUTPUT or (qs.tied_embeddings and cat == _TOKEN_EMBD):
         if output_tensor_type is not None:
             return output_tensor_type
-        if qs.ftype.name == "MXFP4" or facts.arch == "falcon" or spec.n_cols % _block_size(new):
+        if f == "MXFP4" or facts.arch == "falcon" or spec.n_cols % _block_size(new):
             return "Q8_0"
+        if f in _OUTPUT_Q5_K:
+            return "Q5_K"
         return new if new == "Q8_0" else "Q6_K"
-    if qs.ftype.name == "MXFP4":
+    if f == "MXFP4":
         return _mxfp4_moe_type(facts, spec, cat)
     if cat == _TOKEN_EMBD:
-        return new
+        return _token_embd_type(f, new)
+    if f in _VERY_LOW_BIT:
+        return _very_low_bit_type(qs, new, cat)
     if _is_attn_v(cat):
         new = _attn_v_type(qs, new)
         qs.i_attention_wv += 1
         return new
-    if cat == _ATTN_K:
-        return "Q8_0" if facts.n_expert == 8 else new
-    if cat == _ATTN_Q:
-        return new
+    if cat in (_ATTN_K, _ATTN_Q):
+        if cat == _ATTN_K and facts.n_expert == 8:
+            return "Q8_0"
+        return {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}.get(f, new)
     if cat == _FFN_DOWN:
         new = _ffn_down_type(qs, new, spec)
         qs.i_ffn_down += 1
         return new
     if cat == _ATTN_OUTPUT:
         return _attn_output_type(qs, new)
-    # (attn_qkv is caught by the attn_v branch above, as in llama.cpp; ffn_gate/ffn_up only
-    # change for IQ3_XS, which llamatui does not offer, but their counters still advance)
-    if cat == _FFN_GATE:
-        qs.i_ffn_gate += 1
-    elif cat == _FFN_UP:
-        qs.i_ffn_up += 1
+    # (attn_qkv is caught by the attn_v branch above, as in llama.cpp)
+    if cat in (_FFN_GATE, _FFN_UP):
+        counter = qs.i_ffn_gate if cat == _FFN_GATE else qs.i_ffn_up
+        i, n = qs.layer_info(counter, spec.name)
+        if f == "IQ3_XS" and n // 8 <= i < 7 * n // 8:
+            new = "IQ3_XXS"
+        if cat == _FFN_GATE:
+            qs.i_ffn_gate += 1
+        else:
+            qs.i_ffn_up += 1
+    return new
+
+
+def _token_embd_type(f: str, new: str) -> str:
+    """llama_tensor_get_type_impl's token_embd rule (an untied embedding): the 1- and 2-bit
+    mixes raise it (a lookup table gains little from the lowest types)."""
+    if f in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+        return "Q2_K"
+    if f in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+        return "IQ3_S"
+    if f in ("TQ1_0", "TQ2_0"):
+        return "Q4_K"
+    return new
+
+
+def _very_low_bit_type(qs: _State, new: str, cat: int) -> str:
+    """llama_tensor_get_type_impl's branch for IQ1_S/IQ1_M/IQ2_XXS/IQ2_XS/IQ2_S/IQ2_M. Unlike the
+    other mixes' ffn_down rule, the first n/8 ffn_down tensors are counted, not read off the
+    name (llama.cpp's i_ffn_down < n_ffn_down/8), and attn_q/ffn_gate/ffn_up keep the default."""
+    f, facts = qs.ftype.name, qs.facts
+    wider = "IQ3_S" if f in ("IQ2_S", "IQ2_M") else "Q2_K"
+    if _is_attn_v(cat):
+        new = "Q4_K" if facts.n_gqa >= 4 or facts.n_expert >= 4 else wider
+        qs.i_attention_wv += 1
+    elif cat == _ATTN_K and facts.n_expert == 8:
+        new = "Q4_K"
+    elif cat == _FFN_DOWN:
+        if qs.i_ffn_down < facts.n_layer // 8:
+            new = wider
+        qs.i_ffn_down += 1
+    elif cat == _ATTN_OUTPUT:
+        if facts.n_expert == 8:
+            new = "Q5_K"
+        elif f in ("IQ1_S", "IQ1_M"):
+            new = "IQ2_XXS"
+        elif f in ("IQ2_S", "IQ2_M"):
+            new = "IQ3_S"
     return new
 
 
@@ -308,6 +365,12 @@ def _attn_v_type(qs: _State, new: str) -> str:
     if f == "Q2_K":
         new = "Q4_K" if facts.n_gqa >= 4 else "Q3_K"
     elif f == "Q2_K_S" and facts.n_gqa >= 4:
+        new = "Q4_K"
+    elif f == "IQ3_XXS":
+        new = "Q4_K" if facts.n_gqa >= 4 else "IQ3_XXS" if qs.has_imatrix else "IQ3_S"
+    elif f in ("IQ3_XS", "IQ3_S") and facts.n_gqa >= 4:
+        new = "Q4_K"
+    elif f == "IQ3_M":
         new = "Q4_K"
     elif f == "Q3_K_M":
         new = "Q5_K" if i < 2 else "Q4_K"
@@ -335,9 +398,13 @@ def _ffn_down_type(qs: _State, new: str, spec: TensorSpec) -> str:
     elif f == "Q2_K_S":
         if i < n // 8:
             new = "Q4_K"
+    elif f == "IQ3_XXS" and not qs.has_imatrix:
+        new = "Q4_K" if i < n // 8 else "Q3_K"
     elif f == "Q3_K_M":
         new = "Q5_K" if i < n // 16 else \
             "Q4_K" if not falcon or _use_more_bits(i, n) else "Q3_K"
+    elif f == "IQ3_M" and (i < n // 8 or (qs.facts.n_expert == 8 and _use_more_bits(i, n))):
+        new = "Q4_K"
     elif f == "Q3_K_L":
         new = "Q4_K" if falcon else "Q5_K"
     elif f == "Q4_K_M":
@@ -362,11 +429,14 @@ def _attn_output_type(qs: _State, new: str) -> str:
     f = qs.ftype.name
     if qs.facts.arch != "falcon":
         if qs.facts.n_expert == 8:
-            if f in ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"):
+            if f in ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S",
+                     "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS"):
                 new = "Q5_K"
         elif f == "Q2_K":
             new = "Q3_K"
-        elif f == "Q3_K_M":
+        elif f == "IQ3_XXS":
+            new = "IQ3_S"
+        elif f in ("Q3_K_M", "IQ3_M"):
             new = "Q4_K"
         elif f == "Q3_K_L":
             new = "Q5_K"
@@ -488,11 +558,17 @@ def _tensor_bytes(p: TensorPlan, type_name: str) -> int:
     return n // g.block_size * g.type_size
 
 
+# Types whose quantizer gives garbage without importance weights (tensor_requires_imatrix).
+_NEEDS_IMATRIX = frozenset({"IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_M", "IQ1_S"})
+
+
 def _requires_imatrix(p: TensorPlan, ftype: Mix) -> bool:
-    """tensor_requires_imatrix, for the types llamatui offers: Q2_K tensors of a Q2_K_S file."""
+    """tensor_requires_imatrix: the 1- and 2-bit i-quants and IQ3_XXS, and the Q2_K tensors of a
+    Q2_K_S file; never the token embedding or the output (llama.cpp has no activations for
+    them)."""
     if p.name in ("token_embd.weight", "per_layer_token_embd.weight", "output.weight"):
         return False
-    return p.dst_type == "Q2_K" and ftype.name == "Q2_K_S"
+    return p.dst_type in _NEEDS_IMATRIX or (p.dst_type == "Q2_K" and ftype.name == "Q2_K_S")
 
 
 # A destination we cannot write to (read-only, not ours, full): one error naming it.
@@ -607,9 +683,17 @@ def _check_plans(plans: Sequence[TensorPlan], ft: Mix, imx: Mapping | None,
         if w is not None:
             weights[p.name] = w
         elif _requires_imatrix(p, ft):
-            raise QuantizeError(f"{ft.name} needs an importance matrix for {p.name} "
-                                f"({p.dst_type}); pass --imatrix FILE (see `llamatui imatrix`)")
+            raise QuantizeError(_missing_imatrix_message(p, ft, imx is not None))
     return weights
+
+
+def _missing_imatrix_message(p: TensorPlan, ft: Mix, have_imatrix: bool) -> str:
+    """llama-quantize refuses, before writing anything, a very-low-bit tensor without importance
+    weights ("the result will be garbage")."""
+    what = f"{ft.name} quantizes {p.name} to {p.dst_type}, which needs an importance matrix"
+    if have_imatrix:
+        return f"{what}, and the imatrix has no entry for it; make the imatrix from this model"
+    return f"{what}; pass --imatrix FILE (make one with `llamatui imatrix`)"
 
 
 def _convert(t, p: TensorPlan, weights: np.ndarray | None) -> Iterator[np.ndarray]:

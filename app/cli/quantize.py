@@ -23,7 +23,8 @@ def add_arguments(p):
     p.add_argument("threads", metavar="THREADS", nargs="?", type=int, default=None,
                    help="threads (default: all cores)")
     p.add_argument("--imatrix", metavar="FILE",
-                   help="importance matrix from `llamatui imatrix` or llama-imatrix (GGUF or .dat)")
+                   help="importance matrix from `llamatui imatrix` or llama-imatrix (GGUF or .dat); "
+                        "required by IQ1_S, IQ1_M, IQ2_*, IQ3_XXS, IQ3_XS and Q2_K_S")
     p.add_argument("--allow-requantize", action="store_true",
                    help="allow converting tensors that are already quantized (loses quality)")
     p.add_argument("--output-tensor-type", metavar="T", help="ggml type for output.weight")
