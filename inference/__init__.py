@@ -31,6 +31,8 @@ _EXPORTS = {
     "generation_schema": "chat.json_schema",
     "ToolPlan": "chat.tool_calls", "ReplyStream": "chat.tool_calls",
     "tool_call_family": "chat.tool_calls:family_of",
+    "reasoning_style": "chat.reasoning", "ReasoningBudget": "chat.reasoning",
+    "reply_stream": "chat.replies", "harmony_messages": "chat.harmony",
     # files, tokens, measurements
     "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf", "GGUFValueType": "gguf",
     "Tokenizer": "tokenizers.tokenizer", "POOLINGS": "embedding",

@@ -128,7 +128,8 @@ class Request:
 
     def __init__(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
                  n_probs: int = 0, cache_prompt: bool = True, n_dropped: int = 0,
-                 constraint: Constraint | None = None):
+                 constraint: Constraint | None = None, reasoning_budget=None,
+                 preserved_tokens: frozenset[int] = frozenset()):
         self.id = next(_ids)
         self.prompt = list(prompt)
         self.params = params
@@ -137,6 +138,8 @@ class Request:
         self.cache_prompt = bool(cache_prompt)
         self.n_dropped = n_dropped
         self.constraint = constraint
+        self.reasoning_budget = reasoning_budget  # chat.reasoning.ReasoningBudget or None
+        self.preserved_tokens = frozenset(preserved_tokens)  # shown although special
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.exception: BaseException | None = None  # what ended it, when finish_reason is "error"
@@ -242,14 +245,18 @@ class Scheduler:
 
     def add_request(self, prompt: Sequence[int], params: SamplingParams, emit: Callable,
                     *, n_probs: int = 0, cache_prompt: bool = True, truncate: bool = True,
-                    wait: bool = True, constraint: ConstraintSpec | Constraint | None = None
+                    wait: bool = True, constraint: ConstraintSpec | Constraint | None = None,
+                    reasoning_budget=None, preserved_tokens: Sequence[int] = ()
                     ) -> Request:
         """Queues a completion of `prompt` (token ids). A prompt that does not fit a slot is cut
         (truncate) or refused with ContextFullError; with `wait` False a request that finds every
         slot busy is refused with QueueFullError; past `max_queue` waiting requests too.
         `constraint`: what the output must match (a spec, or a Constraint already built from one
         for this request); a schema or grammar that cannot be used is refused here with
-        ConstraintError (a ValueError naming what is unsupported)."""
+        ConstraintError (a ValueError naming what is unsupported). `reasoning_budget`: a
+        chat.reasoning.ReasoningBudget that forces the end of thinking (llama.cpp's
+        --reasoning-budget); `preserved_tokens`: ids whose text the output shows although they
+        are special (a chat format's markers)."""
         ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError("the prompt is empty")
@@ -268,7 +275,8 @@ class Scheduler:
             if isinstance(constraint, ConstraintSpec) else constraint
         if grammar is not None and (not isinstance(grammar, Constraint) or grammar.n_tokens):
             raise ConstraintError("constraint must be a ConstraintSpec or an unused Constraint")
-        req = Request(ids, params, emit, n_probs, cache_prompt, n_given - len(ids), grammar)
+        req = Request(ids, params, emit, n_probs, cache_prompt, n_given - len(ids), grammar,
+                      reasoning_budget, frozenset(int(t) for t in preserved_tokens))
         with self._lock:
             busy = all(s.request is not None for s in self.slots)
             if busy and not wait:
@@ -436,14 +444,20 @@ class Scheduler:
         slot.request, req.slot = req, slot.id
         reuse = _common_prefix(slot.tokens, req.prompt) if req.cache_prompt else 0
         reuse = min(reuse, len(req.prompt) - 1)  # the last prompt token is decoded for logits
-        self.model.kv.seq_rm(slot.id, reuse, -1)
+        # a hybrid model's recurrent states go back only to where they were saved (the live
+        # state, a checkpoint): llama-server's context checkpoints
+        reuse = self.model.kv.reusable_prefix(slot.id, reuse)
+        if not self.model.kv.seq_rm(slot.id, reuse, -1):  # nothing to go back to: start over
+            reuse = 0
+            self.model.kv.seq_rm(slot.id, -1, -1)
         del slot.tokens[reuse:]
         slot.prompt_pos = slot.n_reused = reuse
         slot.sampler = Sampler(req.params, self.model.n_vocab, n_ctx=slot.n_ctx)
         slot.sampler.accept_many(req.prompt)
         # a grammar checked the raw pieces: show those, not detokenize's cleaned-up text
         slot.decoder = self.tokenizer.stream_decoder(unparse_special=False,
-                                                     verbatim=req.constraint is not None)
+                                                     verbatim=req.constraint is not None,
+                                                     preserved=req.preserved_tokens)
         slot.stops = StopStringMatcher(req.params.stop)
         slot.state = SlotState.PROMPT
         slot.t_start = time.perf_counter()
@@ -493,7 +507,8 @@ class Scheduler:
     def _make_room(self, slot: Slot, n_new: int = 1) -> bool:
         """A full slot: shift its context to make room for n_new tokens (True) or finish it
         (False)."""
-        if self.context_policy == "error":
+        if self.context_policy == "error" or not self.model.kv.can_shift:
+            # (a recurrent state cannot forget the middle of its sequence)
             self._finish(slot, "context_full")
             return False
         n_past = len(slot.tokens)
@@ -548,7 +563,15 @@ class Scheduler:
                 "the model produced non-finite logits (NaN or infinity): its weights or "
                 "metadata are broken")
         grammar = req.constraint
-        if grammar is None:
+        budget_token = req.reasoning_budget.forced_token() \
+            if req.reasoning_budget is not None else None
+        if budget_token is not None and grammar is not None and not grammar.allows(budget_token):
+            budget_token = None  # a grammar that cannot take the end tag wins over the budget
+        if budget_token is not None:  # the reasoning budget ran out: its end tag, unsampled
+            tokens, sampled = [budget_token], False
+            if grammar is not None:
+                tokens += grammar.commit(budget_token)
+        elif grammar is None:
             tokens, sampled = [slot.sampler.sample(row)], True
         else:
             tokens, sampled = grammar.take_forced(), False
@@ -568,6 +591,8 @@ class Scheduler:
         emits its event; False when that finished the request."""
         req = slot.request
         slot.sampler.accept(token)
+        if req.reasoning_budget is not None:
+            req.reasoning_budget.accept(token)
         slot.n_generated += 1
         self.stats["n_generated_tokens"] += 1
         if slot.n_generated == 1:

@@ -14,6 +14,11 @@ with its `schema`; `strict` is always in effect: the grammar allows nothing else
 llama-server's `grammar` (GBNF) and `json_schema` fields, on every generating route. Tools
 (`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `role: "tool"`
 messages) and `reasoning_format` on chat completions; inference/chat/tool_calls.py does the rest.
+Reasoning as llama-server takes it (server-common.cpp, oaicompat_chat_params_parse):
+`chat_template_kwargs` (template variables; a boolean `enable_thinking` among them switches
+thinking), `reasoning_effort` ("none" switches thinking off, another level goes to the template,
+gpt-oss's "Reasoning: high"), `reasoning_budget_tokens` (alias `thinking_budget_tokens`; -1
+unlimited, 0 ends thinking at once) and `reasoning_budget_message`.
 
 Limits depend on the loaded model and the slots: `n` ≤ the slots (each choice is a request in a
 slot), `max_tokens` ≤ a slot's context, token ids < the vocabulary.
@@ -58,6 +63,9 @@ class Job:
     tool_choice: str = "auto"  # "auto", "none", "required" or a function's name
     parallel_tool_calls: bool = False  # llama-server's default
     reasoning_format: str = "auto"
+    template_vars: dict = field(default_factory=dict)  # enable_thinking, chat_template_kwargs
+    reasoning_budget: int = -1  # tokens of thinking before its end is forced; -1: unlimited
+    reasoning_budget_message: str = ""
 
     @property
     def n_choices(self) -> int:
@@ -163,8 +171,39 @@ def chat_schema(limits: Limits) -> dict:
         "tool_choice": TOOL_CHOICE,
         "parallel_tool_calls": {"type": ["boolean", "null"]},
         "reasoning_format": {"type": ["string", "null"], "enum": [*REASONING_FORMATS, None]},
+        "chat_template_kwargs": {"type": ["object", "null"]},
+        "reasoning_effort": {"type": ["string", "null"]},
+        "reasoning_budget_tokens": REASONING_BUDGET,
+        "thinking_budget_tokens": REASONING_BUDGET,
+        "reasoning_budget_message": {"type": ["string", "null"]},
     })
     return {"type": "object", "required": ["messages"], "properties": props}
+
+
+REASONING_BUDGET = {"type": ["integer", "null"], "minimum": -1, "maximum": 2**31 - 1}
+
+
+def reasoning_options(body: dict) -> tuple[dict, int, str]:
+    """The template variables, reasoning budget and budget message of a checked chat body, as
+    oaicompat_chat_params_parse reads them: `enable_thinking` is true unless the kwargs say
+    false or `reasoning_effort` is "none"; the kwargs reach the template as they are."""
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    enable_thinking = kwargs.get("enable_thinking", True)
+    if isinstance(enable_thinking, str):
+        raise invalid("chat_template_kwargs", 'invalid type for "enable_thinking" '
+                                              '(expected boolean, got string)')
+    enable_thinking = enable_thinking is not False
+    effort = body.get("reasoning_effort")
+    if effort == "none":
+        enable_thinking = False
+        kwargs.pop("reasoning_effort", None)
+    elif effort:
+        kwargs["reasoning_effort"] = effort
+    budget = body.get("reasoning_budget_tokens")
+    if budget is None:
+        budget = body.get("thinking_budget_tokens")
+    return ({"enable_thinking": enable_thinking, **kwargs}, -1 if budget is None else budget,
+            body.get("reasoning_budget_message") or "")
 
 
 def completions_schema(limits: Limits) -> dict:
@@ -213,8 +252,10 @@ def detokenize_schema(limits: Limits) -> dict:
 
 
 def apply_template_schema(limits: Limits) -> dict:
+    chat = chat_schema(limits)["properties"]
     return {"type": "object", "required": ["messages"],
-            "properties": {"messages": chat_schema(limits)["properties"]["messages"]}}
+            "properties": {k: chat[k] for k in ("messages", "chat_template_kwargs",
+                                                "reasoning_effort")}}
 
 
 def embeddings_schema(limits: Limits) -> dict:
@@ -252,6 +293,8 @@ def chat_job(body, limits: Limits) -> Job:
                                             "refuses a grammar with tools too)")
     job.parallel_tool_calls = bool(body.get("parallel_tool_calls"))
     job.reasoning_format = body.get("reasoning_format") or "auto"
+    job.template_vars, job.reasoning_budget, job.reasoning_budget_message = \
+        reasoning_options(body)
     return job
 
 
@@ -359,7 +402,7 @@ def _flat_message(message: dict) -> dict:
     if isinstance(content, list):
         content = "\n".join(part["text"] for part in content)
     out = {"role": message["role"], "content": content or ""}
-    for key in ("name", "tool_call_id", "tool_calls"):
+    for key in ("name", "tool_call_id", "tool_calls", "reasoning_content"):
         if message.get(key):
             out[key] = message[key]
     return out

@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from llamatui.inference import (POOLINGS, ChatTemplateError, ContextFullError,
-                                EmbeddingOnlyError, ReplyStream, SamplingParams, ToolPlan,
+                                EmbeddingOnlyError, ReasoningBudget, SamplingParams, ToolPlan,
+                                harmony_messages, reasoning_style, reply_stream,
                                 tool_call_family)
 
 from . import metrics, openapi, requests as rq
@@ -88,24 +89,69 @@ async def native_completion(request: Request) -> Response:
                                                                state.served.limits), "native")
 
 
-def _prompt_ids(engine, prompt, chat: bool, plan: ToolPlan | None = None
-                ) -> tuple[list[int], bool]:
-    """Token ids of a prompt (llama.cpp's way: BOS per the model, special tokens parsed), and
-    whether a chat prompt ends inside an opened <think> block (Qwen 3, DeepSeek R1 templates
-    open it themselves). A chat with a tool plan is rendered the way its family asks."""
+def _prompt_ids(engine, prompt, chat: bool, plan: ToolPlan | None = None,
+                job: rq.Job | None = None) -> tuple[list[int], str]:
+    """Token ids of a prompt (llama.cpp's way: BOS per the model, special tokens parsed), and a
+    chat's rendered text (its reply reader needs to know whether it opened a thinking block).
+    A chat with a tool plan is rendered the way its family asks, with the job's template
+    variables (enable_thinking, chat_template_kwargs); gpt-oss gets its history's reasoning as
+    `thinking` (common_chat_params_init_gpt_oss)."""
     if isinstance(prompt, list) and not chat:
-        return prompt, False  # already token ids
+        return prompt, ""  # already token ids
     if not chat:
-        return engine.prompt_tokens(prompt), False
-    template_vars = {}
+        return engine.prompt_tokens(prompt), ""
+    text = _render(engine, prompt, plan, job, True)
+    return engine.prompt_tokens(text), text
+
+
+def _render(engine, messages, plan: ToolPlan | None, job: rq.Job | None,
+            add_generation_prompt: bool) -> str:
+    template_vars = dict(job.template_vars) if job is not None else {}
     if plan is not None:
-        prompt = plan.messages(prompt)
-        template_vars = plan.template_variables()
+        messages = plan.messages(messages)
+        template_vars.update(plan.template_variables())
+    if reasoning_style(engine.template.source, engine.template.builtin is not None).name \
+            == "harmony":
+        messages = harmony_messages(messages)
     try:
-        text = engine.apply_chat_template(prompt, **template_vars)
+        return engine.apply_chat_template(messages, add_generation_prompt, **template_vars)
     except ChatTemplateError as e:
         raise invalid("messages", f"the chat template failed on these messages: {e}") from None
-    return engine.prompt_tokens(text), text.rstrip().endswith("<think>")
+
+
+def _budgets(engine, job: rq.Job, plan: ToolPlan | None, n: int) -> list | None:
+    """One ReasoningBudget per choice when the request sets reasoning_budget_tokens (llama-server
+    arms its sampler with the template's thinking tags, forcing the message and the first end
+    tag, and feeds it the generation prompt: the text `add_generation_prompt` adds)."""
+    if not job.chat or job.reasoning_budget < 0:
+        return None
+    style = reasoning_style(engine.template.source, engine.template.builtin is not None)
+    messages = job.prompts[0]
+    with_prompt = _render(engine, messages, plan, job, True)
+    without = _render(engine, messages, plan, job, False)
+    common = 0
+    while common < min(len(with_prompt), len(without)) and \
+            with_prompt[common] == without[common]:
+        common += 1
+    tokenizer = engine.tokenizer
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special=False, parse_special=True) if text else []
+
+    forced = ids(job.reasoning_budget_message) + ids(style.end_tags[0])
+    ends = [ids(t) for t in (*style.end_tags, *filter(None, [style.call_ends]))]
+    return [ReasoningBudget(ids(style.start), ends, forced,
+                            job.reasoning_budget, lambda t: tokenizer.token_to_piece(t, False),
+                            ids(with_prompt[common:])) for _ in range(n)]
+
+
+def _preserved_ids(engine, job: rq.Job) -> list[int]:
+    """The ids of the chat format's preserved tokens (shown in the reply although special)."""
+    if not job.chat:
+        return []
+    style = reasoning_style(engine.template.source, engine.template.builtin is not None)
+    found = (engine.tokenizer.token_to_id(text) for text in style.preserved)
+    return [t for t in found if t is not None]
 
 
 def _tool_plan(engine, job: rq.Job) -> ToolPlan | None:
@@ -131,7 +177,9 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     except ValueError as e:
         raise APIError(f"invalid sampling options: {e}") from None
     plan = _tool_plan(engine, job)
-    prompts = [await served.call(_prompt_ids, engine, p, job.chat, plan) for p in job.prompts]
+    prompts = [await served.call(_prompt_ids, engine, p, job.chat, plan, job)
+               for p in job.prompts]
+    budgets = await served.call(_budgets, engine, job, plan, job.n_choices)
     constraint, param = job.constraint, job.constraint_param
     if plan is not None and plan.active:
         constraint, param = plan.constraint(), "tools"
@@ -139,12 +187,14 @@ async def _generate(request: Request, job: rq.Job, kind: str) -> Response:
     await run.start([(ids, params[i]) for ids, _ in prompts for i in range(job.n)],
                     n_probs=max(job.n_probs, 1) if job.logprobs else 0,
                     cache_prompt=job.cache_prompt, constraint=constraint,
-                    constraint_param=param)
+                    constraint_param=param, reasoning_budgets=budgets,
+                    preserved_tokens=_preserved_ids(engine, job))
     n_top = job.n_probs if job.logprobs else None
     choices = [Choice(i, engine.tokenizer, n_top) for i in range(job.n_choices)]
     shaper = Shaper(kind, state.model_name)
     request.scope["llamatui.choices"] = choices
-    replies = [ReplyStream(plan, job.reasoning_format != "none", prompts[i // job.n][1])
+    style = reasoning_style(engine.template.source, engine.template.builtin is not None)
+    replies = [reply_stream(style, plan, job.reasoning_format, prompts[i // job.n][1])
                for i in range(job.n_choices)] if job.chat else None
     if job.stream:
         writers = {"chat": _chat_stream, "completions": _completions_stream,
@@ -384,10 +434,9 @@ async def apply_template(request: Request) -> Response:
     state = _state(request)
     body = check(await read_json(request), rq.apply_template_schema(state.served.limits), "")
     messages = [rq._flat_message(m) for m in body["messages"]]
-    try:
-        prompt = await state.served.call(state.served.engine.apply_chat_template, messages)
-    except ChatTemplateError as e:
-        raise invalid("messages", f"the chat template failed on these messages: {e}") from None
+    job = rq.Job(prompts=[messages], chat=True, sampling={})
+    job.template_vars = rq.reasoning_options(body)[0]  # enable_thinking, chat_template_kwargs
+    prompt = await state.served.call(_render, state.served.engine, messages, None, job, True)
     return JSONResponse({"prompt": prompt})
 
 

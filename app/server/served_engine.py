@@ -217,18 +217,24 @@ class Run:
 
     async def start(self, choices: list[tuple[list[int], SamplingParams]], n_probs: int,
                     cache_prompt: bool, constraint: ConstraintSpec | None = None,
-                    constraint_param: str = "response_format") -> None:
+                    constraint_param: str = "response_format",
+                    reasoning_budgets: list | None = None,
+                    preserved_tokens: list[int] = ()) -> None:
         """Queues one request per choice (prompt ids, params), each with its own grammar state
         when there is a `constraint`; maps the scheduler's refusals to API errors (an oversized
         prompt: 400 exceed_context_size_error; a full queue: 503; a schema or grammar that
-        cannot be used: 400 naming `constraint_param` and what is unsupported)."""
+        cannot be used: 400 naming `constraint_param` and what is unsupported).
+        reasoning_budgets: one chat.reasoning.ReasoningBudget per choice, or None;
+        preserved_tokens: ids the replies show although special (the chat format's markers)."""
         self.served.runs.add(self)
         sched = self.served.scheduler
         try:
             for index, (ids, params) in enumerate(choices):
                 req = await self.served.call(
                     sched.add_request, ids, params, self._poster(index), n_probs=n_probs,
-                    cache_prompt=cache_prompt, truncate=False, constraint=constraint)
+                    cache_prompt=cache_prompt, truncate=False, constraint=constraint,
+                    reasoning_budget=reasoning_budgets[index] if reasoning_budgets else None,
+                    preserved_tokens=preserved_tokens)
                 self.requests.append(req)
                 self._open += 1
         except ContextFullError as e:

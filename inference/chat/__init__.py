@@ -6,5 +6,9 @@ messages, shared by the engine, the server and the TUI.
 - `sandbox`: the Jinja sandbox a hostile template runs in (time and size limits).
 - `constraint`: ConstraintSpec and its token masks (JSON schema, regex, Lark, GBNF via llguidance).
 - `json_schema`: the schemas behind `response_format` and tool calls.
-- `tool_calls`: tool-call formats (Hermes, Llama 3, Mistral, ...) parsed from generated text.
+- `tool_calls`: tool-call formats (Hermes, Qwen 3.5's XML, Llama 3, Mistral, ...) parsed from
+  generated text, and ReplyStream (a reply as OpenAI deltas).
+- `reasoning`: each template's thinking tags and preserved tokens; the reasoning budget.
+- `harmony`: gpt-oss's channels (analysis, commentary, final) read back from a reply.
+- `replies`: the reader of one reply, chosen for its template.
 """

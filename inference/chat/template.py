@@ -80,11 +80,13 @@ def _check_messages(messages) -> list[dict]:
             raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', "
                              f"got {type(m).__name__}")
         for key in ("role", "content"):
-            if key not in m:
+            # gpt-oss's template takes a tool-calling message without content (llama.cpp's
+            # common_chat_params_init_gpt_oss removes it when the message has reasoning)
+            if key not in m and not (key == "content" and m.get("tool_calls")):
                 raise ValueError(f"messages[{i}] has no {key!r}")
         if not isinstance(m["role"], str) or not m["role"]:
             raise ValueError(f"messages[{i}]['role'] must be a non-empty str, got {m['role']!r}")
-        if not isinstance(m["content"], str):
+        if "content" in m and not isinstance(m["content"], str):
             raise ValueError(f"messages[{i}]['content'] must be a str, "
                              f"got {type(m['content']).__name__}")
         out.append(dict(m))

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from .constraint import ConstraintSpec
 from .json_schema import generation_schema
+from .reasoning import THINK, ReasoningStyle
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ARGUMENT_FRAGMENT = 24  # characters of arguments per streamed delta (OpenAI sends fragments)
@@ -110,6 +111,11 @@ class Family:
     call_ids: bool = False  # a call may carry its own id (Mistral's 9 characters)
     # tool names the template announces as built-in (its `builtin_tools` variable)
     builtin_tools: tuple[str, ...] = ()
+    # the model writes its calls in its own channels, read by its own stream (chat.harmony);
+    # no constraint: llguidance's Lark cannot name its control tokens
+    unconstrained: bool = False
+    # parse(text, tools): argument values are typed by the tools' parameter schemas
+    typed_args: bool = False
 
 
 def _split_at(text: str, marker: str) -> tuple[str, str]:
@@ -172,6 +178,39 @@ def _parse_generic(text: str):
     return text.strip(), []
 
 
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>\n?(.*?)</function>", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _parse_xml_calls(text: str, tools: list[dict]):
+    """Qwen3-Coder / Qwen 3.5 calls (common/parsers/qwen3-coder.cpp): `<tool_call>`,
+    `<function=NAME>`, one `<parameter=KEY>` block per argument, its value on the lines
+    between; a value is text when its parameter's schema is only a string, else JSON when it
+    reads as JSON. Content before the first call is kept as written."""
+    content, rest = _split_at(text, "<tool_call>")
+    schemas = {t["function"]["name"]: (t["function"].get("parameters") or {}).get(
+        "properties") or {} for t in tools}
+    calls = []
+    for name, body in _XML_CALL.findall(rest):
+        props, args = schemas.get(name, {}), {}
+        for key, value in _XML_PARAM.findall(body):
+            args[key] = _typed_value(value, props.get(key) or {})
+        calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False,
+                                               separators=(",", ":"))))
+    return content, calls
+
+
+def _typed_value(value: str, schema: dict):
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else types or []
+    if types == ["string"]:
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _lazy(calls: str, trigger: str) -> str:
     """llama.cpp's lazy grammar in llguidance's Lark: free text to the end, or free text up to
     the trigger (stop= ends the text lexeme there) and then `after`, the calls (in `calls`)."""
@@ -199,6 +238,25 @@ def _llama3_grammar(call: dict, parallel: bool, required: bool) -> str:
     return f'start: TEXT | {calls}\nTEXT: /[^{{\\s](?s:.*)/'
 
 
+def _xml_grammar(tools: list[dict], parallel: bool, required: bool) -> str:
+    """Qwen 3.5's calls: the function's name and its parameters' names are held to the tools;
+    a value is free text up to its closing tag (llama.cpp also types non-string values)."""
+    rules, names = [], []
+    for i, t in enumerate(tools):
+        fn = t["function"]
+        keys = list(((fn.get("parameters") or {}).get("properties") or {}))
+        names.append(f"f{i}")
+        param = " | ".join(json.dumps(k) for k in keys) or '""'
+        rules.append(f'f{i}: {json.dumps(fn["name"] + ">" + chr(10))} p{i}*\n'
+                     f'p{i}: "<parameter=" ({param}) ">\\n" value')
+    body = (f'body: "\\n<function=" ({" | ".join(names)}) "</function>\\n</tool_call>"\n'
+            + "\n".join(rules) + '\nvalue[stop="\\n</parameter>\\n"]: /(?s:.*)/')
+    more = ' (/\\s*/ "<tool_call>" body)*' if parallel else ""
+    if required:
+        return f'start: "<tool_call>" body{more}\n{body}'
+    return _lazy(f"after: body{more}\n{body}", "<tool_call>")
+
+
 def _mistral_grammar(call: dict, parallel: bool, required: bool) -> str:
     array = {"type": "array", "items": call, "minItems": 1}
     if not parallel:
@@ -208,7 +266,21 @@ def _mistral_grammar(call: dict, parallel: bool, required: bool) -> str:
     return _lazy(f"after: {_json(array)}", "[TOOL_CALLS]")
 
 
+def _parse_harmony(text: str):
+    from .harmony import HarmonyStream  # harmony builds on this module
+    stream = HarmonyStream(_ANY_TOOL, True)
+    stream.feed(text)
+    stream.finish()
+    return stream.content.strip(), stream.calls
+
+
 FAMILIES: list[Family] = [
+    Family("harmony", lambda src: "<|channel|>" in src and
+           "chat_format=llm-jp-harmony-v1" not in src, None, _parse_harmony, None,
+           unconstrained=True),
+    Family("qwen3_coder", lambda src: "<tool_call>" in src and "<function=" in src and
+           "<parameter=" in src and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in src,
+           "<tool_call>", _parse_xml_calls, _xml_grammar, typed_args=True),
     Family("hermes", lambda src: "<tool_call>" in src, "<tool_call>", _parse_hermes,
            _hermes_grammar),
     Family("mistral", lambda src: "[TOOL_CALLS]" in src, "[TOOL_CALLS]", _parse_mistral,
@@ -255,7 +327,12 @@ class ToolPlan:
             return {}
         names = [t["function"]["name"] for t in self.tools]
         builtin = [n for n in names if n in self.family.builtin_tools]
-        return {"tools": self.tools, **({"builtin_tools": builtin} if builtin else {})}
+        # as common_chat_tools_to_json_oaicompat hands them over: a description always
+        # (gpt-oss's template prints it), parameters {} when absent, nothing else
+        tools = [{"type": "function", "function": {
+            "name": t["function"]["name"], "description": t["function"].get("description", ""),
+            "parameters": t["function"].get("parameters") or {}}} for t in self.tools]
+        return {"tools": tools, **({"builtin_tools": builtin} if builtin else {})}
 
     def callable_tools(self) -> list[dict]:
         if self.choice in ("auto", "none", "required"):
@@ -276,10 +353,13 @@ class ToolPlan:
         return options[0] if len(options) == 1 else {"anyOf": options}
 
     def constraint(self) -> ConstraintSpec | None:
-        if not self.active:
+        if not self.active or self.family.unconstrained:
             return None
         required = self.choice != "auto"
         call = self.call_schema()
+        if self.family.typed_args:
+            return ConstraintSpec("lark", self.family.grammar(self.callable_tools(),
+                                                              self.parallel, required))
         if self.family.grammar is not None:
             return ConstraintSpec("lark", self.family.grammar(call, self.parallel, required))
         calls = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
@@ -328,7 +408,14 @@ class ToolPlan:
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         if not self.active:
             return text, []
+        if self.family.typed_args:
+            return self.family.parse(text, self.callable_tools())
         return self.family.parse(text)
+
+
+# a plan under which every call is read (what parsing a Harmony reply alone needs)
+_ANY_TOOL = ToolPlan(family_named("generic"), [{"type": "function", "function": {"name": "_"}}],
+                     "auto", True)
 
 
 def _native_message(m: dict) -> dict:
@@ -448,17 +535,23 @@ class _CallScanner:
 
 class ReplyStream:
     """One choice's reply turned into OpenAI chat deltas as its text arrives: `reasoning_content`
-    while inside <think>, `content` until a tool call may begin, then `tool_calls` deltas as the
-    call is written (the first with its index, id, type and name; then its arguments in
-    fragments); what the end's parse finds beyond them follows at the end.
+    while inside <think> (or the style's own tags: Gemma 4's `<|channel>thought`), `content`
+    until a tool call may begin, then `tool_calls` deltas as the call is written (the first with
+    its index, id, type and name; then its arguments in fragments); what the end's parse finds
+    beyond them follows at the end.
 
     A piece of text that might be the start of a marker (`</thi`, `<tool_`) is held back until
     the next piece tells."""
 
-    def __init__(self, plan: ToolPlan | None, reasoning: bool, opened: bool):
+    def __init__(self, plan: ToolPlan | None, reasoning: bool, opened: bool,
+                 style: ReasoningStyle = THINK):
         self.plan = plan if plan is not None and plan.active else None
         self.reasoning = reasoning
+        self.style = style
+        self.open_tag, self.close_tag = style.start, style.end
         self.thinking = reasoning and opened
+        self.skip_space = self.thinking  # the parsers skip the space after the opening tag
+        self.after_close = False  # and after the closing one
         self.started = False  # any non-space text seen (a <think> opens only at the start)
         self.pending = ""
         self.held: str | None = None  # text from a call's start on, parsed at the end
@@ -486,22 +579,56 @@ class ReplyStream:
             return self._scan()
         if self.reasoning and not self.thinking and not self.started:
             stripped = text.lstrip()
-            if stripped.startswith(THINK_OPEN):
+            if stripped.startswith(self.open_tag):
                 self.thinking, self.thought = True, self.thought or ""
-                self.pending = stripped[len(THINK_OPEN):]
+                self.pending, self.skip_space = stripped[len(self.open_tag):], True
                 return []
-            if THINK_OPEN.startswith(stripped):
+            if self.open_tag.startswith(stripped):
                 return []  # could still become <think>
         if self.thinking:
-            i = text.find(THINK_CLOSE)
-            if i >= 0:
+            if self.skip_space:
+                text = self.pending = text.lstrip()
+                if not text:
+                    return []
+                self.skip_space = False
+            i = text.find(self.close_tag)
+            call = self.style.call_ends if self.plan is not None else None
+            j = text.find(call) if call else -1
+            if j >= 0 and (i < 0 or j < i):  # Qwen 3.5 may start a call without closing
                 self.thinking, self.started = False, True
-                self.pending = text[i + len(THINK_CLOSE):].lstrip()
+                self.pending = text[j:]
+                return self._out("reasoning_content", text[:j])
+            if i >= 0:
+                self.thinking, self.started, self.after_close = False, True, True
+                self.pending = text[i + len(self.close_tag):]
                 return self._out("reasoning_content", text[:i])
-            keep = _partial_suffix(text, THINK_CLOSE)
+            keep = max(_partial_suffix(text, self.close_tag),
+                       _partial_suffix(text, call) if call else 0)
             self.pending = text[len(text) - keep:] if keep else ""
             return self._out("reasoning_content", text[:len(text) - keep])
+        if self.after_close:  # the space after the closing tag is no content
+            text = self.pending = text.lstrip()
+            if not text:
+                return []
+            self.after_close = False
+        if self.style.again and self.reasoning and self.plan is None:
+            return self._content_again(text)
         return self._content(text)
+
+    def _content_again(self, text: str) -> list[dict]:
+        """Gemma 4's content: a later thought block is reasoning again, and a lone closing
+        tag is dropped (common/parsers/gemma4.cpp stops content at either)."""
+        text = text.replace(self.close_tag, "")
+        i = text.find(self.open_tag)
+        if i >= 0:
+            self.thinking, self.skip_space = True, True
+            self.thought = self.thought or ""
+            self.pending = text[i + len(self.open_tag):]
+            return self._out("content", text[:i])
+        keep = max(_partial_suffix(text, self.open_tag), _partial_suffix(text, self.close_tag))
+        self.pending = text[len(text) - keep:] if keep else ""
+        self.started = self.started or bool(text.strip())
+        return self._out("content", text[:len(text) - keep])
 
     def _content(self, text: str) -> list[dict]:
         plan = self.plan
@@ -581,10 +708,11 @@ class ReplyStream:
 
     def message(self) -> dict:
         """The whole reply as an OpenAI message (after finish)."""
-        content = self.content.strip() if self.calls else self.content  # as llama.cpp trims
+        # as llama.cpp trims (its specialised parsers keep the content as written)
+        content = self.content.strip() if self.calls and self.style.trim else self.content
         msg = {"role": "assistant", "content": content if content or not self.calls else None}
         if self.thought is not None:
-            msg["reasoning_content"] = self.thought.strip()
+            msg["reasoning_content"] = self.thought.strip() if self.style.trim else self.thought
         if self.calls:
             msg["tool_calls"] = [c.openai() for c in self.calls]
         return msg

@@ -619,8 +619,9 @@ class Tokenizer:
         return self.detokenize(ids, remove_special, unparse_special).decode("utf-8", errors)
 
     def stream_decoder(self, remove_special: bool = False, unparse_special: bool = True,
-                       verbatim: bool = False) -> "StreamDecoder":
-        return StreamDecoder(self, remove_special, unparse_special, verbatim)
+                       verbatim: bool = False, preserved: frozenset[int] = frozenset()
+                       ) -> "StreamDecoder":
+        return StreamDecoder(self, remove_special, unparse_special, verbatim, preserved)
 
 
 def _hex_byte(text: str) -> int:
@@ -643,13 +644,17 @@ class StreamDecoder:
 
     verbatim: the pieces exactly as llama_token_to_piece gives them (llama-server streams them
     so), without detokenize's clean-up or its leading-space strip: the bytes a grammar checked.
+    preserved: token ids shown even when special tokens are not (llama-server's
+    accept_special_token: a chat format's preserved_tokens, such as Gemma 4's `<|turn>`).
     """
 
     def __init__(self, tokenizer: Tokenizer, remove_special: bool = False,
-                 unparse_special: bool = True, verbatim: bool = False):
+                 unparse_special: bool = True, verbatim: bool = False,
+                 preserved: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
         self.remove_special = remove_special
         self.unparse_special = unparse_special
+        self.preserved = frozenset(preserved)
         self._clean_spaces = tokenizer.clean_spaces and not verbatim
         self._space_prefix = tokenizer.add_space_prefix and not verbatim
         self._first = True
@@ -684,8 +689,9 @@ class StreamDecoder:
         return out
 
     def _emit(self, token_id: int) -> str:
-        piece = self.tokenizer.token_to_piece(token_id, self.unparse_special,
-                                              1 if self._remove_space else 0)
+        piece = self.tokenizer.token_to_piece(
+            token_id, self.unparse_special or token_id in self.preserved,
+            1 if self._remove_space else 0)
         self._remove_space = False
         if not self._clean_spaces:
             return self._utf8.decode(piece)
