@@ -1,6 +1,8 @@
 """GPU offload against the CPU, llama-bench's way, for both starter models (or their stand-ins).
 
     python benchmarks/gpu_bench.py OUTDIR [--models DIR] [--reps N] [--ngl 0,half,all]
+                                          [--model-file NAME=PATH ...] [--only NAME ...]
+                                          [--append]
 
 For each model and each -ngl (0: the CPU alone, half: the output layer and the last half of the
 layers, all) it loads the engine, runs pp512 and tg128 (inference.bench.run_bench, the numbers
@@ -8,7 +10,10 @@ layers, all) it loads the engine, runs pp512 and tg128 (inference.bench.run_benc
 (the prompt's decode and the first token's greedy pick), and records the CUDA graph counts.
 Writes OUTDIR/gpu_bench.json and OUTDIR/gpu_bench.md and prints the table, with each row's
 speed-up over -ngl 0 (measured in the same run). Models: the starter models from --models DIR
-when there, else stand-ins with their shapes and types (gpu_models.py).
+when there, else stand-ins with their shapes and types (gpu_models.py), and any --model-file
+(gpu_check.sh adds Qwen2.5-0.5B's shape that way); --only keeps the named ones. --append adds
+the rows to OUTDIR/gpu_bench.json's instead of starting afresh (gpu_check.sh measures -ngl all
+while llama.cpp builds, and the rows that load the CPU once the build has left the cores).
 """
 from __future__ import annotations
 
@@ -94,6 +99,11 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=None, help="a folder holding the starter models")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--ngl", default="0,half,all", help="comma-separated -ngl values")
+    p.add_argument("--model-file", action="append", default=[], metavar="NAME=PATH",
+                   help="another model to measure (repeatable)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="these models only")
+    p.add_argument("--append", action="store_true",
+                   help="add to OUTDIR/gpu_bench.json's rows instead of replacing them")
     args = p.parse_args(argv)
     from llamatui.inference.catalog import get_arch
     from llamatui.inference.cuda import probe
@@ -103,17 +113,27 @@ def main(argv=None) -> int:
     print(found.describe(), flush=True)
     out = pathlib.Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name, path in model_paths(args.models, out / "models").items():
+    saved = out / "gpu_bench.json"
+    rows = json.loads(saved.read_text()) if args.append and saved.is_file() else []
+    paths = model_paths(args.models, out / "models")
+    for spec in args.model_file:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            p.error(f"--model-file {spec!r}: expected NAME=PATH")
+        paths[name] = pathlib.Path(path)
+    for name, path in paths.items():
+        if args.only and name not in args.only:
+            continue
         with GGUFFile.open(path) as g:
             n_layer = read_hparams(g, get_arch(g.metadata["general.architecture"])).n_layer
-        title = STARTERS[name] + ("" if "stand-in" not in path.name else " (stand-in)")
+        title = STARTERS.get(name, name) + ("" if "stand-in" not in path.name else " (stand-in)")
         for spec in args.ngl.split(","):
             row = {"model": name, "title": title, **bench_one(path, resolve_ngl(spec, n_layer),
                                                               args.reps)}
+            row["file"] = str(path)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            (out / "gpu_bench.json").write_text(json.dumps(rows, indent=1))
+            saved.write_text(json.dumps(rows, indent=1))
     text = table(rows)
     (out / "gpu_bench.md").write_text(text + "\n")
     print(text)

@@ -360,9 +360,10 @@ def _softcapped_attention(q, k, v, mask, scale, softcap):
     return np.einsum("htj,jhd->thd", p, vv).reshape(n, -1)
 
 
-def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0):
+def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0, sinks=None):
     """Attention of n_tok tokens of two interleaved sequences through the cache on both
-    backends (with softcap: the device against the float64 reference)."""
+    backends (with softcap: the device against the float64 reference; sinks: each head's
+    sink logit, on both)."""
     from llamatui.inference.backend import KQMask
     from llamatui.inference.cpu.backend import CPUBackend
     from llamatui.inference.kv_cache import KVCache, KVRows
@@ -394,6 +395,8 @@ def _attention_case(k_type, v_type, n_tok, n_swa, rng, softcap=0.0):
                                               KQMask(batch, n_swa).dense(), 0.2, softcap))
             continue
         kw = {"softcap": softcap} if softcap else {}
+        if sinks is not None:
+            kw["sinks"] = b.take(sinks)
         outs.append(b.to_host(b.attention(b.take(q), k_all, v_all, KQMask(batch, n_swa), 0.2,
                                           **kw)))
     magnitude = np.abs(caches[0].v[0].read_f32(n_ctx)).max()
@@ -413,6 +416,26 @@ def check_backend_attention():
     _attention_case("f32", "f16", 10, 6, rng)
     _attention_case("f32", "f16", 2, 0, rng, softcap=2.0)  # Gemma 2's soft-capped scores
     _attention_case("f32", "f32", 10, 5, rng, softcap=2.0)
+
+
+@check("backend_attention_sinks")
+def check_backend_attention_sinks():
+    """gpt-oss's attention sinks on the decode kernel, the prompt path and attention over the
+    batch's own K and V, against the CPU's."""
+    from llamatui.inference.cpu.backend import CPUBackend
+    rng = check_rng(26)
+    sinks = np.array([5.0, -1.0, 0.3, 1.5], np.float32)
+    _attention_case("f16", "f16", 2, 0, rng, sinks=sinks)
+    _attention_case("f32", "f16", 10, 6, rng, sinks=sinks)
+    be, cpu = cuda_backend(), CPUBackend()
+    q = rng.standard_normal((6, 4, 32)).astype(np.float32)
+    k = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    v = rng.standard_normal((6, 2, 32)).astype(np.float32)
+    mask = np.triu(np.full((6, 6), -np.inf, np.float32), 1)
+    want = cpu.attention(q, k, v, mask, 0.3, sinks=sinks).astype(np.float64)
+    got = be.to_host(be.attention(be.take(q), be.take(k), be.take(v), mask, 0.3,
+                                  sinks=be.take(sinks)))
+    assert_close(got, want, np.abs(v).max(), "attention over the batch with sinks", ulps=32)
 
 
 @check("backend_encoder_ops")
@@ -547,6 +570,35 @@ def check_offload_moe_logits():
     assert (text, info.n_gpu_layers) == (want, 3), (text, want, info)
 
 
+@check("offload_gpt_oss_logits")
+def check_offload_gpt_oss_logits():
+    """gpt-oss (the synthetic one of tests/synthetic_models.py, MXFP4 experts) fully offloaded:
+    attention sinks on the prompt path and the decode kernel, sliding-window layers, the
+    experts' bias rows and the clamped SwiGLU give the CPU's logits up to activation rounding."""
+    import tempfile
+
+    from synthetic_models import CASES, write_model
+
+    from llamatui.inference.model import Batch, Model
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_model("gpt-oss-mxfp4", "Q8_0", tmp)
+        ids = CASES["gpt-oss-mxfp4"].tokens[:12]
+        cpu = Model.load(path, LoadConfig(n_ctx=64))
+        with simulated_devices(4 * GIB):
+            gpu = Model.load(path, LoadConfig(n_ctx=64,
+                                              offload=OffloadOptions(n_gpu_layers=-1)))
+        assert gpu.n_gpu_layers == 5 and gpu._graphs is None
+        import time
+        for batch in (Batch(ids, pos=0, logits=True), Batch([5])):
+            t0 = time.time()
+            a, b = cpu.decode(batch), gpu.decode(batch)
+            print("TIME", time.time() - t0, file=sys.stderr)
+            scale = np.abs(a).max()
+            assert np.abs(a - b).max() <= 0.02 * scale, (np.abs(a - b).max(), scale)
+        cpu.close()
+        gpu.close()
+
+
 @check("offload_graph_replay")
 def check_offload_graph_replay():
     """Decode steps replayed from a captured graph give the eager steps' logits exactly: what
@@ -658,6 +710,62 @@ def check_offload_auto():
     with simulated_devices(4 * GIB):
         assert Model.load(path, LoadConfig(n_ctx=64, offload=OffloadOptions(
             n_gpu_layers="auto"))).n_gpu_layers == 3
+
+
+# operations one eager decode step of tiny_model("gemma3") launches today (2 layers and the
+# head, nothing fused); item 3 of issue 28 (fusing norm x weight, RoPE + KV write, gate x up)
+# lowers it: lower this figure with it, so that it never climbs back
+EAGER_STEP_LAUNCHES = 48
+
+
+@check("decode_step_budget")
+def check_decode_step_budget():
+    """What decode steps of a fully offloaded model ask of the device, counted at the runtime
+    seam (runtime.DeviceCounters, the same on a GPU as here): the first step of a shape eager,
+    the second captured, later ones one graph replay each with no launch from the host, nothing
+    uploaded but the batch inputs (3 copies: no weight after the load), and the logits of each
+    sequence (n_vocab float32) in one download, the step's one synchronization.
+
+    Today's gaps to issue 28's budget, guarded as they stand: the host samples, so the step
+    waits for the logits (1 sync, where the budget is none before the token is needed) and
+    n_vocab * 4 bytes come back per sequence (a token id would be 4: sampling on the device);
+    the batch inputs' staging array is sized by n_ubatch (4 * n_ubatch + 1 int64, 16 KiB at the
+    default 512) and the cells' positions and sequences go up whole every step."""
+    from llamatui.inference.model import Batch, Model
+    os.environ["LLAMATUI_CUDA_GRAPHS"] = "1"
+    with simulated_devices(4 * GIB):
+        model = Model.load(tiny_model("gemma3"), LoadConfig(n_ctx=64, n_parallel=2, offload=(
+            OffloadOptions(n_gpu_layers=-1))))
+    (be,) = model.placement.gpu_backends
+    assert model._graphs is not None, "a tied, fully offloaded model decodes through graphs"
+    counters, logits_bytes = be.rt.counters, model.n_vocab * 4
+    model.decode(Batch(list(range(2, 13)), pos=0))
+    weight_bytes = be.weight_bytes
+
+    def step(tokens, seqs):
+        counters.reset()
+        model.decode(Batch(tokens, seq_ids=seqs, logits=True))
+        n_kv, kv = model.kv.n_kv(), model.kv
+        inputs = 8 * (4 * model.n_ubatch + 1) + n_kv * (4 + kv.n_seq_max)  # int64s, int32, bools
+        return counters.take(), inputs
+
+    for tokens, seqs in (([4], [0]), ([5, 6], [0, 1])):
+        n_seq = len(tokens)
+        eager, _ = step(tokens, seqs)  # (which may upload tables on first use)
+        assert eager["launches"] <= EAGER_STEP_LAUNCHES, eager
+        want = {"captured": 0, "graph_replays": 0, "syncs": 1, "d2h_copies": 1,
+                "d2h_bytes": n_seq * logits_bytes}
+        assert {k: eager[k] for k in want} == want, eager
+        captured, _ = step(tokens, seqs)  # recorded once, then replayed
+        assert (captured["launches"], captured["captured"], captured["graph_replays"],
+                captured["syncs"]) == (0, eager["launches"], 1, 2), captured
+        for _ in range(2):
+            replayed, inputs = step(tokens, seqs)
+            assert replayed == {
+                "launches": 0, "captured": 0, "graph_replays": 1, "syncs": 1, "h2d_copies": 3,
+                "h2d_bytes": inputs, "d2h_copies": 1, "d2h_bytes": n_seq * logits_bytes,
+                "peer_copies": 0, "peer_bytes": 0}, (n_seq, replayed)
+    assert be.weight_bytes == weight_bytes and model._graphs.failures == []
 
 
 BACKEND_CHECK_NAMES = tuple(BACKEND_CHECKS)

@@ -97,7 +97,7 @@ class DecodeGraphs:
         return None
 
     def _replay(self, graph):
-        graph.replay()
-        self.rt.synchronize()
+        self.rt.replay(graph)
+        self.rt.synchronize()  # the logits are read next
         self.replays += 1
         return graph.result.copy()

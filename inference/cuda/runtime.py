@@ -21,10 +21,16 @@ An operation is a callable given to `op`: run now, or recorded when a graph is b
 GPU records the launches itself; nothing runs during a capture, on either). Uploads are refused
 during a capture (CUDA refuses synchronous copies there too); downloads become an asynchronous
 copy into a pinned host buffer that the graph fills on every replay.
+
+Both kinds count what the host asks of the device in one `DeviceCounters` (`counters`), at this
+seam, so that the simulator's figures are a GPU's: operations launched (or captured), graph
+replays, host synchronizations, and the bytes copied each way. Tests assert a decode step's
+budget with them; benchmarks/bench_cuda_host.py prints them.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections import Counter
 
@@ -51,15 +57,58 @@ class CaptureError(RuntimeError):
     """An operation a CUDA graph cannot hold was asked for during a capture."""
 
 
-# ----------------------------------------------------------------------------- simulated device
+@dataclasses.dataclass
+class DeviceCounters:
+    """What the host asked of one device since the last `reset` (whoever measures a step resets
+    before it and reads after it; `take` does both):
+
+    - launches: operations enqueued from the host outside a capture, each a kernel launch, an
+      array operation (CuPy's; numpy's under the simulator), a GEMM or a memset (`zeros`);
+    - captured: operations recorded into a CUDA graph instead (they run on its replays);
+    - graph_replays: captured graphs launched;
+    - syncs: host waits for the device: `synchronize`, each download outside a capture (it
+      returns the values, so it waits for them), and a peer copy's wait on its source;
+    - h2d / d2h / peer: copies and bytes host to device, device to host (a replayed graph's
+      downloads counted on every replay), device to device (counted on the receiving device).
+
+    Not counted: a copy from pageable host memory may block the host as well (CUDA makes
+    cudaMemcpyAsync from pageable memory synchronous with respect to the host); uploads are
+    counted as copies only."""
+
+    launches: int = 0
+    captured: int = 0
+    graph_replays: int = 0
+    syncs: int = 0
+    h2d_copies: int = 0
+    h2d_bytes: int = 0
+    d2h_copies: int = 0
+    d2h_bytes: int = 0
+    peer_copies: int = 0
+    peer_bytes: int = 0
+
+    def reset(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def take(self) -> dict[str, int]:
+        """The figures since the last reset, then a reset: one step's when called per step."""
+        figures = self.as_dict()
+        self.reset()
+        return figures
 
 
 class CapturedGraph:
-    """A captured decode step: `replay()` runs it again; it keeps the device buffers its nodes
-    use (`keep`) and the pinned host buffers it fills (`outputs`) for as long as it lives."""
+    """A captured decode step: `replay()` runs it again (DeviceRuntime.replay counts and calls
+    it); it keeps the device buffers its nodes use (`keep`) and the pinned host buffers it fills
+    (`outputs`) for as long as it lives."""
 
     def __init__(self, replay, keep, outputs):
         self.replay, self.keep, self.outputs = replay, keep, outputs
+        self.d2h_bytes = sum(int(o.nbytes) for o in outputs)  # what each replay downloads
+        self.n_ops = 0  # operations captured
 
 
 def _replay_ops(ops):
@@ -77,13 +126,17 @@ class DeviceRuntime:
     def __init__(self, index: int):
         self.index = int(index)
         self.transfers: Counter = Counter()  # "upload", "download", "peer": copies made
+        self.counters = DeviceCounters()
         self.capturing = False
+        self._captured_ops = 0  # counters.captured when the capture began
         self._keep: list = []  # arrays a capture's graph refers to
         self._outputs: list = []  # pinned host buffers a capture's downloads fill
 
-    # the interface, implemented below for each kind of device
     xp = np
     kernel_stream = 0
+
+    # the interface: counted here, the same for every kind of device, and done by the
+    # underscored methods each kind implements below
 
     def owns(self, x) -> bool:
         """Whether `x` is an array on this device."""
@@ -93,23 +146,45 @@ class DeviceRuntime:
         raise NotImplementedError
 
     def zeros(self, shape, dtype):
-        raise NotImplementedError
+        self._count_op()  # a memset on a GPU
+        return self._zeros(shape, dtype)
 
     def upload(self, host: np.ndarray):
-        raise NotImplementedError
+        self._check_not_capturing("an upload")
+        host = np.ascontiguousarray(host)
+        self._count_upload(host.nbytes)
+        return self._upload(host)
 
     def upload_into(self, dst, host: np.ndarray) -> None:
-        raise NotImplementedError
+        self._check_not_capturing("an upload")
+        self._count_upload(np.size(host) * np.dtype(dst.dtype).itemsize)
+        self._upload_into(dst, host)
 
     def download(self, x) -> np.ndarray:
-        raise NotImplementedError
+        """x on the host: now (a synchronization), or during a capture a pinned buffer that each
+        replay of the graph fills."""
+        self.transfers["download"] += 1
+        if self.capturing:
+            out = self._download_captured(x)
+            self._outputs.append(out)
+            return out
+        c = self.counters
+        c.syncs, c.d2h_copies, c.d2h_bytes = c.syncs + 1, c.d2h_copies + 1, c.d2h_bytes + x.nbytes
+        return self._download(x)
 
-    def copy_from(self, x, source: "DeviceRuntime"):
-        """An array of another device, copied here."""
-        raise NotImplementedError
+    def copy_from(self, x, source: DeviceRuntime):
+        """An array of another device, copied here once the source's stream has written it."""
+        self._check_not_capturing("a copy between devices")
+        source.synchronize()
+        self.transfers["peer"] += 1
+        self.counters.peer_copies += 1
+        self.counters.peer_bytes += int(x.nbytes)
+        return self._copy_from(x, source)
 
     def op(self, fn, *args, **kwargs) -> None:
-        raise NotImplementedError
+        """fn(*args, **kwargs) on this device's stream: run now, or recorded during a capture."""
+        self._count_op()
+        self._op(fn, args, kwargs)
 
     def gemm(self, x, w, out) -> None:
         """out = x @ w.T as an operation: x (n, k), w (m, k), both float16 or both float32,
@@ -121,14 +196,38 @@ class DeviceRuntime:
         raise NotImplementedError
 
     def synchronize(self) -> None:
-        raise NotImplementedError
+        self.counters.syncs += 1
+        self._synchronize()
 
     def begin_capture(self) -> None:
-        raise NotImplementedError
+        self._captured_ops = self.counters.captured
+        self._begin_capture()
 
     def end_capture(self) -> CapturedGraph:
         """The captured graph; raises when the capture failed."""
-        raise NotImplementedError
+        graph = self._end_capture()
+        graph.n_ops = self.counters.captured - self._captured_ops
+        return graph
+
+    def replay(self, graph: CapturedGraph) -> None:
+        """Launches a captured graph (asynchronously on a GPU: synchronize before reading its
+        outputs)."""
+        c = self.counters
+        c.graph_replays += 1
+        c.d2h_copies += len(graph.outputs)
+        c.d2h_bytes += graph.d2h_bytes
+        graph.replay()
+
+    def _count_op(self) -> None:
+        if self.capturing:
+            self.counters.captured += 1
+        else:
+            self.counters.launches += 1
+
+    def _count_upload(self, nbytes) -> None:
+        self.transfers["upload"] += 1
+        self.counters.h2d_copies += 1
+        self.counters.h2d_bytes += int(nbytes)
 
     def captured_output(self, out) -> bool:
         """Whether `out` is a host buffer the last capture's graph fills."""
@@ -175,39 +274,31 @@ class SimulatedRuntime(DeviceRuntime):
     def empty(self, shape, dtype):
         return self._alloc(shape, dtype)
 
-    def zeros(self, shape, dtype):
+    def _zeros(self, shape, dtype):
         return self._alloc(shape, dtype, fill=0)
 
-    def upload(self, host):
-        self._check_not_capturing("an upload")
-        host = np.ascontiguousarray(host)
+    def _upload(self, host):
         a = self._alloc(host.shape, host.dtype)
         raw(a)[...] = host
-        self.transfers["upload"] += 1
         return a
 
-    def upload_into(self, dst, host):
-        self._check_not_capturing("an upload")
+    def _upload_into(self, dst, host):
         np.copyto(raw(dst), host, casting="same_kind")
-        self.transfers["upload"] += 1
 
-    def download(self, x):
-        self.transfers["download"] += 1
-        if self.capturing:
-            out = np.empty(x.shape, x.dtype)
-            self._outputs.append(out)
-            self._ops.append((np.copyto, (out, raw(x)), {}))
-            return out
+    def _download_captured(self, x):
+        out = np.empty(x.shape, x.dtype)
+        self._ops.append((np.copyto, (out, raw(x)), {}))
+        return out
+
+    def _download(self, x):
         return np.array(raw(x))
 
-    def copy_from(self, x, source):
-        self._check_not_capturing("a copy between devices")
+    def _copy_from(self, x, source):
         a = self._alloc(x.shape, x.dtype)
         raw(a)[...] = raw(x)
-        self.transfers["peer"] += 1
         return a
 
-    def op(self, fn, *args, **kwargs):
+    def _op(self, fn, args, kwargs):
         """fn on the arrays' memory (the device's view of them): array operations and kernel
         launches; device arrays inside other arguments (a DeviceKV's rows) reach the simulator's
         kernels as they are."""
@@ -225,13 +316,13 @@ class SimulatedRuntime(DeviceRuntime):
     def mem_info(self):
         return self.total_bytes - self._used[0], self.total_bytes
 
-    def synchronize(self):
+    def _synchronize(self):
         pass
 
-    def begin_capture(self):
+    def _begin_capture(self):
         self.capturing, self._ops, self._keep, self._outputs = True, [], [], []
 
-    def end_capture(self):
+    def _end_capture(self):
         graph = CapturedGraph(_replay_ops(self._ops), self._keep, self._outputs)
         self.capturing, self._ops, self._keep = False, None, []
         return graph
@@ -302,58 +393,48 @@ class CupyRuntime(DeviceRuntime):
         with self._active():
             return self._track(self._cupy.empty(shape, dtype))
 
-    def zeros(self, shape, dtype):
+    def _zeros(self, shape, dtype):
         with self._active():
             a = self._cupy.empty(shape, dtype)
             a.fill(0)
             return self._track(a)
 
-    def upload(self, host):
-        self._check_not_capturing("an upload")
-        host = np.ascontiguousarray(host)
+    def _upload(self, host):
         with self._active():
             a = self._cupy.empty(host.shape, host.dtype)
             a.set(host, stream=self._stream)
-        self.transfers["upload"] += 1
         return a
 
-    def upload_into(self, dst, host):
-        self._check_not_capturing("an upload")
+    def _upload_into(self, dst, host):
         with self._active():
             dst.set(np.ascontiguousarray(host, dtype=dst.dtype), stream=self._stream)
-        self.transfers["upload"] += 1
 
-    def download(self, x):
-        self.transfers["download"] += 1
+    def _download_captured(self, x):
+        # an asynchronous copy into pinned memory is what a graph can hold
+        import cupyx
         cupy = self._cupy
-        if self.capturing:
-            # an asynchronous copy into pinned memory is what a graph can hold
-            import cupyx
-            out = cupyx.empty_pinned(x.shape, x.dtype)
-            self._outputs.append(out)
-            with self._active():
-                x = self._track(cupy.ascontiguousarray(x))
-                cupy.cuda.runtime.memcpyAsync(out.ctypes.data, x.data.ptr, x.nbytes,
-                                              cupy.cuda.runtime.memcpyDeviceToHost,
-                                              self._stream.ptr)
-            return out
+        out = cupyx.empty_pinned(x.shape, x.dtype)
+        with self._active():
+            x = self._track(cupy.ascontiguousarray(x))
+            cupy.cuda.runtime.memcpyAsync(out.ctypes.data, x.data.ptr, x.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, self._stream.ptr)
+        return out
+
+    def _download(self, x):
         with self._active():
             out = x.get(stream=self._stream)
         self._stream.synchronize()
         return out
 
-    def copy_from(self, x, source):
-        self._check_not_capturing("a copy between devices")
-        source.synchronize()  # the source's stream has finished writing x
+    def _copy_from(self, x, source):
         x = self._cupy.ascontiguousarray(x)
         with self._active():
             a = self._cupy.empty(x.shape, x.dtype)
             self._cupy.cuda.runtime.memcpyPeerAsync(a.data.ptr, self.index, x.data.ptr,
                                                     source.index, x.nbytes, self._stream.ptr)
-        self.transfers["peer"] += 1
         return a
 
-    def op(self, fn, *args, **kwargs):
+    def _op(self, fn, args, kwargs):
         with self._active():
             fn(*args, **kwargs)
 
@@ -397,16 +478,16 @@ class CupyRuntime(DeviceRuntime):
             free, total = self._cupy.cuda.runtime.memGetInfo()
         return int(free), int(total)
 
-    def synchronize(self):
+    def _synchronize(self):
         self._stream.synchronize()
 
-    def begin_capture(self):
+    def _begin_capture(self):
         self._keep, self._outputs = [], []
         with self._active():
             self._stream.begin_capture()
         self.capturing = True
 
-    def end_capture(self):
+    def _end_capture(self):
         self.capturing = False
         keep, self._keep = self._keep, []
         with self._device:
