@@ -1,4 +1,4 @@
-"""Decode (tg128) and prompt (pp512) speed of the Qwen families on synthetic models of real shapes:
+"""Decode (tg128) and prompt (pp512) speed of the model families on synthetic models of real shapes:
 llamatui against llama.cpp (llama-cpp-python, when installed) on the same files in the same run.
 
     python benchmarks/bench_archs.py [-t 2] [-r 3] [--rounds 2] [--cpu] [--llama-bench PATH]
@@ -11,8 +11,13 @@ PATH; wall-clock figures only), else llama-cpp-python's build of it.
   4864, 151,936 tokens, output tied to the embeddings, Q/K/V biases).
 - qwen3-30b-a3b-6l: Qwen3-30B-A3B's layers (2048 wide, 32 / 4 heads of 128 with Q/K norms, 128
   experts of 768 of which 8 are chosen, 151,936 tokens), 6 of its 48.
+- llama3.2-1b-iq2_xxs: Llama-3.2-1B's shape in llama-quantize's IQ2_XXS mix (the i-quants'
+  decode and prompt kernels; an importance matrix of ones).
+- mistral3-3b: Ministral 3 3B's shape (mistral3: YaRN with attention temperature scaling).
+- gpt-oss-20b-6l: gpt-oss-20b's layers (sinks, alternating 128-token windows, 32 experts with
+  biases), 6 of its 24, in llama-quantize's MXFP4_MOE mix (experts MXFP4, the rest Q8_0).
 
-Both in llama-quantize's Q4_K_M mix (quantizer.model.plan_tensor_types: Q6_K for the output,
+The others in llama-quantize's Q4_K_M mix (quantizer.model.plan_tensor_types: Q6_K for the output,
 and for attn_v and ffn_down on the "more bits" layers; rows of 896 are not whole 256-value
 blocks, so there Q4_K falls back to Q5_0 and Q6_K to Q8_0, as in the real 0.5B file). The
 weights are seeded random values; to write the files in seconds rather than many minutes, a
@@ -48,14 +53,16 @@ sys.path.insert(0, str(HERE))
 from compare import LLAMA_CPP_PROBE, ours, peer  # noqa: E402
 from synthetic_models import tokenizer_metadata, typed  # noqa: E402
 
+from llamatui.inference.catalog import MIXES_BY_NAME  # noqa: E402
 from llamatui.inference.gguf import GGUFValueType, GGUFWriter  # noqa: E402
 from llamatui.quantizer.model import ModelFacts, TensorSpec, plan_tensor_types  # noqa: E402
 from llamatui.inference.quants import quantize  # noqa: E402
 
 N_VOCAB = 151936
 POOL_ROWS = 16384
-MIX = "Q4_K_M"
-TARGETS = {"qwen2.5-0.5b": {"tg128": 1.0, "pp512": 1.5}, "qwen3-30b-a3b-6l": {"tg128": 0.8}}
+DENSE = {"tg128": 1.0, "pp512": 1.5}
+TARGETS = {"qwen2.5-0.5b": DENSE, "qwen3-30b-a3b-6l": {"tg128": 0.8},
+           "llama3.2-1b-iq2_xxs": DENSE, "mistral3-3b": DENSE, "gpt-oss-20b-6l": DENSE}
 
 
 def qwen25_05b() -> tuple[str, dict, list[TensorSpec]]:
@@ -99,20 +106,98 @@ def qwen3_30b_a3b(n_layer: int = 6) -> tuple[str, dict, list[TensorSpec]]:
     return "qwen3moe", md, [_spec(name, shape) for name, shape in t]
 
 
-MODELS = {"qwen2.5-0.5b": qwen25_05b, "qwen3-30b-a3b-6l": qwen3_30b_a3b}
+def llama32_1b() -> tuple[str, dict, list[TensorSpec]]:
+    """Llama-3.2-1B's shape: 16 layers, 2048 wide, 32 query / 8 KV heads of 64, FFN 8192,
+    128,256 tokens, output tied to the embeddings."""
+    md, specs = _llama_shape(n_layer=16, e=2048, n_ff=8192, n_head=32, n_kv=8, d=64,
+                             n_vocab=128256, tied=True)
+    md.update({"context_length": 131072, "rope.freq_base": 500000.0, "rope.dimension_count": 64,
+               "attention.layer_norm_rms_epsilon": 1e-5})
+    return "llama", md, specs
+
+
+def ministral3_3b() -> tuple[str, dict, list[TensorSpec]]:
+    """Ministral 3 3B's shape (mistral3): 26 layers, 3072 wide, 32 query / 8 KV heads of 128,
+    FFN 9216, 131,072 tokens, output tied, YaRN (factor 16 over 16,384 positions) with
+    attention temperature scaling."""
+    md, specs = _llama_shape(n_layer=26, e=3072, n_ff=9216, n_head=32, n_kv=8, d=128,
+                             n_vocab=131072, tied=True)
+    md.update({"context_length": 262144, "rope.freq_base": 1e6, "rope.dimension_count": 128,
+               "attention.key_length": 128, "attention.value_length": 128,
+               "attention.layer_norm_rms_epsilon": 1e-5, "rope.scaling.type": "yarn",
+               "rope.scaling.factor": 16.0, "rope.scaling.original_context_length": 16384,
+               "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
+               "attention.temperature_scale": 0.1})
+    return "mistral3", md, specs
+
+
+def gpt_oss_20b(n_layer: int = 6) -> tuple[str, dict, list[TensorSpec]]:
+    """gpt-oss-20b's layers (gpt-oss): 2880 wide, 64 query / 8 KV heads of 64 with biases and
+    attention sinks, every other layer a 128-token window, 32 experts of 2880 (4 chosen) with
+    biases, 201,088 tokens, YaRN factor 32 over 4096; n_layer of its 24."""
+    e, n_head, n_kv, d, n_expert, n_ff = 2880, 64, 8, 64, 32, 2880
+    md = {"context_length": 131072, "embedding_length": e, "block_count": n_layer,
+          "feed_forward_length": n_ff, "attention.head_count": n_head,
+          "attention.head_count_kv": n_kv, "attention.key_length": d,
+          "attention.value_length": d, "rope.freq_base": 150000.0,
+          "attention.layer_norm_rms_epsilon": 1e-5, "attention.sliding_window": 128,
+          "expert_count": n_expert, "expert_used_count": 4, "expert_feed_forward_length": n_ff,
+          "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+          "rope.scaling.original_context_length": 4096}
+    n_vocab = 201088
+    t = [("token_embd.weight", (n_vocab, e)), ("output_norm.weight", (e,)),
+         ("output.weight", (n_vocab, e))]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t += [(p + "attn_norm.weight", (e,)), (p + "post_attention_norm.weight", (e,)),
+              (p + "attn_q.weight", (n_head * d, e)), (p + "attn_q.bias", (n_head * d,)),
+              (p + "attn_k.weight", (n_kv * d, e)), (p + "attn_k.bias", (n_kv * d,)),
+              (p + "attn_v.weight", (n_kv * d, e)), (p + "attn_v.bias", (n_kv * d,)),
+              (p + "attn_output.weight", (e, n_head * d)), (p + "attn_output.bias", (e,)),
+              (p + "attn_sinks.weight", (n_head,)),
+              (p + "ffn_gate_inp.weight", (n_expert, e)), (p + "ffn_gate_inp.bias", (n_expert,)),
+              (p + "ffn_gate_exps.weight", (n_expert, n_ff, e)),
+              (p + "ffn_gate_exps.bias", (n_expert, n_ff)),
+              (p + "ffn_up_exps.weight", (n_expert, n_ff, e)),
+              (p + "ffn_up_exps.bias", (n_expert, n_ff)),
+              (p + "ffn_down_exps.weight", (n_expert, e, n_ff)),
+              (p + "ffn_down_exps.bias", (n_expert, e))]
+    return "gpt-oss", md, [_spec(name, shape) for name, shape in t]
+
+
+def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
+    md = {"embedding_length": e, "block_count": n_layer, "feed_forward_length": n_ff,
+          "attention.head_count": n_head, "attention.head_count_kv": n_kv}
+    t = [("token_embd.weight", (n_vocab, e)), ("output_norm.weight", (e,))]
+    if not tied:
+        t.append(("output.weight", (n_vocab, e)))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t += [(p + "attn_norm.weight", (e,)), (p + "attn_q.weight", (n_head * d, e)),
+              (p + "attn_k.weight", (n_kv * d, e)), (p + "attn_v.weight", (n_kv * d, e)),
+              (p + "attn_output.weight", (e, n_head * d)), (p + "ffn_norm.weight", (e,)),
+              (p + "ffn_gate.weight", (n_ff, e)), (p + "ffn_up.weight", (n_ff, e)),
+              (p + "ffn_down.weight", (e, n_ff))]
+    return md, [_spec(name, shape) for name, shape in t]
+
+
+# name: (shape, llama-quantize mix)
+MODELS = {"qwen2.5-0.5b": (qwen25_05b, "Q4_K_M"), "qwen3-30b-a3b-6l": (qwen3_30b_a3b, "Q4_K_M"),
+          "llama3.2-1b-iq2_xxs": (llama32_1b, "IQ2_XXS"), "mistral3-3b": (ministral3_3b, "Q4_K_M"),
+          "gpt-oss-20b-6l": (gpt_oss_20b, "MXFP4_MOE")}
 
 
 def _spec(name: str, shape: tuple[int, ...]) -> TensorSpec:
-    # as a converter writes them: vectors and the router F32, matrices F16
-    f32 = len(shape) == 1 or name.endswith("ffn_gate_inp.weight")
+    # as a converter writes them: vectors, biases and the router F32, matrices F16
+    f32 = len(shape) == 1 or name.endswith((".bias", "ffn_gate_inp.weight"))
     return TensorSpec(name, "F32" if f32 else "F16", shape)
 
 
 def _values(rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """float32 values of the right scale: norms near 1, small biases, matrices ~ N(0, 1/n_in)
     (embeddings ~ N(0, 1))."""
-    if len(shape) == 1:
-        base = 0.0 if name.endswith(".bias") else 1.0
+    if len(shape) == 1 or name.endswith(".bias"):
+        base = 0.0 if name.endswith((".bias", "attn_sinks.weight")) else 1.0
         return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     scale = 1.0 if name == "token_embd.weight" else 1.0 / np.sqrt(shape[-1])
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
@@ -124,18 +209,24 @@ def _encode(type_name: str, values: np.ndarray) -> np.ndarray:
         return rows.view(np.uint8)
     if type_name == "F16":
         return rows.astype(np.float16).view(np.uint8)
-    return np.asarray(quantize(type_name, rows)).view(np.uint8).reshape(rows.shape[0], -1)
+    # every column equally important: the i-quants' searches need some importance matrix
+    imatrix = np.ones(rows.shape[1], np.float32) if type_name.startswith("IQ") else None
+    return np.asarray(quantize(type_name, rows, imatrix)).view(np.uint8).reshape(rows.shape[0],
+                                                                                 -1)
 
 
 def write_model(name: str, path: pathlib.Path) -> None:
-    arch, md, specs = MODELS[name]()
+    shape, mix = MODELS[name]
+    arch, md, specs = shape()
+    n_vocab = next(s.shape[0] for s in specs if s.name == "token_embd.weight")
     plans = plan_tensor_types(specs, ModelFacts.from_metadata(
-        {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in md.items()}}), MIX)
+        {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in md.items()}}), mix,
+        has_imatrix=True)
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
-    w.add("general.name", f"synthetic {name} {MIX}")
-    w.add("general.file_type", 15, GGUFValueType.UINT32)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
-    for key, value, vtype in tokenizer_metadata(N_VOCAB):
+    w.add("general.name", f"synthetic {name} {mix}")
+    w.add("general.file_type", MIXES_BY_NAME[mix].file_type, GGUFValueType.UINT32)
+    for key, value, vtype in tokenizer_metadata(n_vocab):
         w.add(key, value, vtype)
     for key, value in md.items():
         w.add(f"{arch}.{key}", value, typed(value))
@@ -160,7 +251,7 @@ def write_model(name: str, path: pathlib.Path) -> None:
 
 
 def cached_model(name: str, cache: pathlib.Path) -> pathlib.Path:
-    path = cache / f"{name}-{MIX}.gguf"
+    path = cache / f"{name}-{MODELS[name][1]}.gguf"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} ...", flush=True)

@@ -192,16 +192,23 @@ class Backend(ABC):
         """x (n, n_head, head_dim) rotated for positions `pos` (may rotate in place)."""
 
     @abstractmethod
-    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0):
+    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0, sinks=None):
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads, k and v as this backend's
         kv_store.read gives them, or as the batch's own float32 K and V (embeddings attend
         without the cache), mask a KQMask (or its dense array): (n, n_head * head_dim_v).
         softcap > 0: q·k becomes tanh(q·k / softcap) · softcap first (Gemma 2's attention
-        logit soft-capping)."""
+        logit soft-capping). sinks: None, or one logit per query head (this backend's `vector`)
+        that joins the softmax's maximum and denominator and weighs no value (gpt-oss,
+        ggml_soft_max_add_sinks)."""
 
     @abstractmethod
     def swiglu(self, gate, up):
         """silu(gate) * up."""
+
+    @abstractmethod
+    def swiglu_oai(self, gate, up, alpha: float, limit: float):
+        """gpt-oss's clamped SwiGLU: min(gate, limit) · sigmoid(alpha · min(gate, limit)) ·
+        (clamp(up, -limit, limit) + 1) (ggml_swiglu_oai)."""
 
     @abstractmethod
     def geglu(self, gate, up):
@@ -218,6 +225,19 @@ class Backend(ABC):
     @abstractmethod
     def scale(self, x, s: float):
         """x * s."""
+
+    # the Gated DeltaNet recurrence (Qwen 3.5): host arrays in and out, on the host backend
+    # (a device backend's layers hand it there: it is small next to the layer's products)
+
+    def ssm_conv(self, state: np.ndarray, x: np.ndarray, w: np.ndarray):
+        """ggml_ssm_conv of one sequence: x float32 (n, channels) behind its conv state
+        (channels, d_conv - 1), taps w (channels, d_conv): (output (n, channels), new state)."""
+        raise NotImplementedError(f"{self.name}: no ssm_conv")
+
+    def gated_delta_net(self, q, k, v, g, beta, state: np.ndarray) -> np.ndarray:
+        """ggml_gated_delta_net of one sequence (cpu/delta_net.py): (n, H_v, S), `state`
+        (H_v, S, S) updated in place."""
+        raise NotImplementedError(f"{self.name}: no gated_delta_net")
 
 
 def move(x, source: Backend, dest: Backend):

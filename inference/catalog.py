@@ -166,6 +166,8 @@ class Arch:
     rope_base_swa: the RoPE base of sliding-window layers when the file gives none (None: the
                    global rope.freq_base)
     encoder:       bidirectional attention, outputs embeddings (BERT); no text generation
+    per_layer_widths: attention.head_count_kv and feed_forward_length may differ between
+                   layers (the family reads the arrays itself; HParams keeps the largest)
     """
     name: str
     module: str
@@ -175,6 +177,7 @@ class Arch:
     n_swa: int = 0
     rope_base_swa: float | None = None
     encoder: bool = False
+    per_layer_widths: bool = False
 
     def load(self):
         """The family's Architecture object (imports its module, and the kernels, on first use)."""
@@ -184,6 +187,8 @@ class Arch:
 ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", "llama", "Llama"),
     Arch("gemma3", "gemma3", "Gemma 3", rope="neox", swa_pattern=6, rope_base_swa=10000.0),
+    Arch("gemma4", "gemma4", "Gemma 4", rope="neox", swa_pattern=0, rope_base_swa=10000.0,
+         per_layer_widths=True),
     Arch("bert", "bert", "BERT", rope="none", encoder=True),
     Arch("nomic-bert", "nomic_bert", "Nomic BERT", rope="neox", encoder=True),
     Arch("phi3", "phi3", "Phi 3", rope="neox"),
@@ -195,6 +200,10 @@ ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
     Arch("qwen3", "qwen3", "Qwen 3", rope="neox"),
     Arch("qwen2moe", "qwen2moe", "Qwen 2 MoE", rope="neox"),
     Arch("qwen3moe", "qwen3moe", "Qwen 3 MoE", rope="neox"),
+    Arch("gpt-oss", "gpt_oss", "gpt-oss", rope="neox", swa_pattern=2),
+    Arch("qwen35", "qwen35", "Qwen 3.5", rope="neox"),  # IMROPE: NEOX pairs for text
+    Arch("qwen35moe", "qwen35moe", "Qwen 3.5 MoE", rope="neox"),
+    Arch("mistral3", "mistral3", "Mistral 3"),
 )}
 
 

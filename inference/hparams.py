@@ -24,8 +24,8 @@ import numpy as np
 from .catalog import Arch, get_arch
 from .gguf import GGUFValueType
 
-__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "is_integer",
-           "read_hparams", "swa_pattern_layers"]
+__all__ = ["HParams", "Meta", "ModelMetadataError", "POOLING_TYPES", "RecurrentRows",
+           "is_integer", "read_hparams", "swa_pattern_layers"]
 
 # llama_pooling_type by its number in `{arch}.pooling_type`: how a sequence's embedding is made
 # from its tokens' (none: one per token; rank: a reranker's classification head)
@@ -159,7 +159,8 @@ class Meta:
     def bools_per_layer(self, name: str, n_layer: int) -> tuple[bool, ...]:
         key, value, _ = self._raw(name, _REQUIRED)
         values = self._array(key, value, n_layer)
-        if not all(isinstance(v, bool) or is_integer(v) and int(v) in (0, 1) for v in values):
+        if not all(isinstance(v, (bool, np.bool_)) or is_integer(v) and int(v) in (0, 1)
+                   for v in values):
             raise self.fail(key, value, f"{n_layer} bools")
         return tuple(bool(v) for v in values)
 
@@ -251,6 +252,11 @@ class HParams:
     rope_scaling: str = "linear"  # "none", "linear", "yarn", "longrope" (llama.cpp's default)
     n_ctx_orig: int = 0  # rope.scaling.original_context_length (n_ctx_train when absent)
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: cos and sin are multiplied by it
+    # YaRN's ramp and magnitude where a family reads them (llama.cpp's yarn_beta_fast,
+    # yarn_beta_slow, rope_yarn_log_mul: defaults for families that do not)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0
     n_swa: int = 0  # sliding window size; 0: none
     swa_layers: tuple[bool, ...] = ()
     rope_freq_base_swa: float = 10000.0
@@ -286,7 +292,8 @@ class HParams:
         return RopeSpec(self.n_rot, self.rope_freq_base_swa if swa else self.rope_freq_base,
                         self.rope_freq_scale_swa if swa else self.rope_freq_scale,
                         self.rope_neox, self.rope_factors(n_ctx),
-                        yarn=Yarn(self.n_ctx_orig, ext_factor) if ext_factor else None,
+                        yarn=Yarn(self.n_ctx_orig, ext_factor, self.yarn_beta_fast,
+                                  self.yarn_beta_slow) if ext_factor else None,
                         attn_factor=attn_factor)
 
     def rope_factors(self, n_ctx: int | None = None):
@@ -301,14 +308,21 @@ class HParams:
     def rope_yarn(self) -> tuple[float, float]:
         """(ext_factor, attn_factor) as llama_context's constructor sets them from the file:
         YaRN mixes (ext_factor 1) only with rope.scaling.type yarn, and its attention factor
-        1 + 0.1·ln(factor) is divided out here because rope_yarn multiplies it back in; the
-        file's rope.scaling.attn_factor multiplies either (float32, as llama.cpp computes)."""
+        1 + 0.1·ln(factor) (divided by 1 + 0.1·m·ln(factor) when the family reads a
+        rope_yarn_log_mul m: transformers' mscale / mscale_all_dim, mscale taken as 1) is divided
+        by 1 + 0.1·ln(factor) here because rope_yarn multiplies that back in; the file's
+        rope.scaling.attn_factor multiplies either (float32, as llama.cpp computes)."""
         f32 = np.float32
         ext_factor, attn_factor = 0.0, f32(1.0)
         if self.rope_scaling == "yarn":
             ext_factor = 1.0
             factor = f32(1.0) / f32(self.rope_freq_scale)
-            attn_factor = f32(1.0) if factor <= 1 else f32(0.1) * np.log(factor) + f32(1.0)
+
+            def mscale(m):  # llama_context's get_mscale
+                return f32(1.0) if factor <= 1 else f32(0.1) * f32(m) * np.log(factor) + f32(1.0)
+
+            attn_factor = mscale(1.0) / mscale(self.rope_yarn_log_mul) \
+                if self.rope_yarn_log_mul else mscale(1.0)
             attn_factor = attn_factor * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(factor)))
         return ext_factor, float(f32(attn_factor) * f32(self.rope_attn_factor))
 
@@ -323,9 +337,13 @@ def swa_pattern_layers(n_layer: int, n_pattern: int) -> tuple[bool, ...]:
     return tuple(n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer))
 
 
-def _uniform(meta: Meta, name: str, n_layer: int, **bounds) -> int:
-    """A count GGUF may give per layer: all layers must agree (our kernels assume it)."""
+def _uniform(meta: Meta, name: str, n_layer: int, varies: bool = False, **bounds) -> int:
+    """A count GGUF may give per layer: all layers must agree (our kernels assume it), unless
+    the family `varies` it per layer (the catalog's per_layer_widths: its hook reads the array):
+    then the largest, which the memory estimates take for every layer."""
     values = meta.per_layer(name, n_layer, **bounds)
+    if varies:
+        return max(values)
     if len(set(values)) > 1:
         raise ModelMetadataError(f"GGUF metadata {meta.key(name)} differs between layers "
                                  f"({sorted(set(values))}); not supported")
@@ -364,7 +382,8 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
     n_head = _uniform(meta, "attention.head_count", n_layer, lo=1, hi=MAX_HEADS)
     n_head_kv = n_head
     if meta.has("attention.head_count_kv"):
-        n_head_kv = _uniform(meta, "attention.head_count_kv", n_layer, lo=1, hi=MAX_HEADS)
+        n_head_kv = _uniform(meta, "attention.head_count_kv", n_layer, arch.per_layer_widths,
+                             lo=1, hi=MAX_HEADS)
     if n_head % n_head_kv:
         raise ModelMetadataError(f"{n_head} attention heads cannot share {n_head_kv} KV heads "
                                  f"({meta.key('attention.head_count_kv')})")
@@ -391,7 +410,7 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
         arch=arch.name, n_vocab=_vocab_size(gguf),
         n_ctx_train=n_ctx_train,
         n_embd=n_embd, n_layer=n_layer,
-        n_ff=_uniform(meta, "feed_forward_length", n_layer, lo=0) if
+        n_ff=_uniform(meta, "feed_forward_length", n_layer, arch.per_layer_widths, lo=0) if
         meta.has("feed_forward_length") else 0,
         n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim_k, head_dim_v=head_dim_v,
         n_rot=n_rot,
@@ -421,6 +440,17 @@ def read_hparams(gguf, arch: Arch | None = None, family: bool = True) -> HParams
     if family:
         arch.load().read_hparams(meta, hp)
     return hp
+
+
+@dataclass(frozen=True)
+class RecurrentRows:
+    """What a hybrid model's recurrent layers keep per sequence (llama.cpp's n_embd_r and
+    n_embd_s; recurrent.HybridCache holds them): `layers` the recurrent layers' indices, `conv`
+    the shape of one conv state (channels, d_conv - 1), `ssm` the shape of one delta-rule state
+    (heads, S_v, S_k); float32 (llama.cpp's default type_r / type_s)."""
+    layers: tuple[int, ...]
+    conv: tuple[int, int]
+    ssm: tuple[int, int, int]
 
 
 def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:

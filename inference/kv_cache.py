@@ -54,18 +54,23 @@ class KVRows:
 class KVCache:
     """Cells [0, n_ctx) with (position, sequence set), and per layer K and V rows.
 
-    rows: what each of the n_layer layers keeps per cell (`KVRows`: heads, head sizes, types).
+    rows: what each of the n_layer layers keeps per cell (`KVRows`: heads, head sizes, types),
+    or one `KVRows` per layer where layers differ (Gemma 4's sliding-window and global layers).
     n_seq_max: the sequences the cells may belong to (the engine's slots).
     layer_rope: one `RopeSpec` per layer (None for a layer without RoPE, whose K is left as
     it is), used to re-rope K when positions are shifted (`seq_add`); without it, shifting
     raises.
     layer_backends: the backend of each layer, which allocates and keeps that layer's K and V
     rows (`backend.kv_store`); None: host memory.
+    kv_source: per layer, the layer whose K and V rows it attends over: its own index, or an
+    earlier layer's for a layer that keeps none and reuses that one's (llama_kv_cache's
+    layer_reuse_cb: Gemma 3n / Gemma 4's shared-KV layers); None: every layer its own.
     """
 
-    def __init__(self, n_ctx: int, n_layer: int, rows: KVRows, n_seq_max: int = 1,
-                 layer_rope: Sequence[RopeSpec] | None = None,
-                 layer_backends: Sequence | None = None):
+    def __init__(self, n_ctx: int, n_layer: int, rows: KVRows | Sequence[KVRows],
+                 n_seq_max: int = 1, layer_rope: Sequence[RopeSpec] | None = None,
+                 layer_backends: Sequence | None = None,
+                 kv_source: Sequence[int] | None = None):
         if n_ctx <= 0:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         if n_seq_max <= 0:
@@ -74,6 +79,17 @@ class KVCache:
             raise ValueError(f"{len(layer_rope)} RoPE specs for {n_layer} layers")
         self._n_ctx = int(n_ctx)
         self.n_layer = int(n_layer)
+        layer_rows = list(rows) if not isinstance(rows, KVRows) else [rows] * self.n_layer
+        if len(layer_rows) != self.n_layer:
+            raise ValueError(f"{len(layer_rows)} KV row shapes for {n_layer} layers")
+        rows = layer_rows[0] if layer_rows else rows
+        self.kv_source = list(range(self.n_layer)) if kv_source is None else \
+            [int(s) for s in kv_source]
+        if len(self.kv_source) != self.n_layer or \
+                any(not 0 <= s <= il or self.kv_source[s] != s
+                    for il, s in enumerate(self.kv_source)):
+            raise ValueError(f"kv_source {self.kv_source}: each layer must name itself or an "
+                             f"earlier layer with rows of its own")
         self.rows = rows
         self.n_head_kv = rows.n_head_kv
         self.head_dim_k, self.head_dim_v = rows.head_dim_k, rows.head_dim_v
@@ -83,13 +99,19 @@ class KVCache:
         if layer_backends is not None and len(layer_backends) != n_layer:
             raise ValueError(f"{len(layer_backends)} backends for {n_layer} layers")
 
-        def store(il, type_name, head_dim):
+        def store(il, kind):
+            r = layer_rows[il]
+            type_name, head_dim = (r.type_k, r.head_dim_k) if kind == "k" else \
+                (r.type_v, r.head_dim_v)
             if layer_backends is None:
-                return HostKVStore(type_name, self._n_ctx, rows.n_head_kv, head_dim)
-            return layer_backends[il].kv_store(type_name, self._n_ctx, rows.n_head_kv, head_dim)
+                return HostKVStore(type_name, self._n_ctx, r.n_head_kv, head_dim)
+            return layer_backends[il].kv_store(type_name, self._n_ctx, r.n_head_kv, head_dim)
 
-        self.k = [store(il, rows.type_k, rows.head_dim_k) for il in range(n_layer)]
-        self.v = [store(il, rows.type_v, rows.head_dim_v) for il in range(n_layer)]
+        # a layer that reuses another's rows reads that layer's stores (the same objects)
+        self.k, self.v = [], []
+        for il, src in enumerate(self.kv_source):
+            self.k.append(store(il, "k") if src == il else self.k[src])
+            self.v.append(store(il, "v") if src == il else self.v[src])
         self.pos = np.full(self._n_ctx, -1, np.int32)  # -1: empty cell
         self.seq = np.zeros((self._n_ctx, self.n_seq_max), np.bool_)
 
@@ -105,7 +127,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.k) + sum(s.nbytes for s in self.v)
+        own = [il for il, src in enumerate(self.kv_source) if src == il]
+        return sum(self.k[il].nbytes + self.v[il].nbytes for il in own)
 
     def n_kv(self) -> int:
         """Cells the attention has to look at: one past the highest used cell."""
@@ -115,6 +138,24 @@ class KVCache:
     def clear(self) -> None:
         self.pos[:] = -1
         self.seq[:] = False
+
+    # ------------------------------------------------------------------ decode hooks
+    # (what a hybrid model's memory, recurrent.HybridCache, does around a batch; nothing here)
+
+    can_shift = True  # context shift (seq_rm of a middle range, then seq_add) is possible
+
+    def begin_decode(self, positions: np.ndarray, seq_ids) -> None:
+        """Before a batch's first micro-batch runs."""
+
+    def end_decode(self) -> None:
+        """After a batch went through."""
+
+    def abort_decode(self) -> None:
+        """After a batch failed (its cells are freed by the caller)."""
+
+    def reusable_prefix(self, seq_id: int, n: int) -> int:
+        """How much of a cached prefix of n tokens `seq_id` can keep: all of it here."""
+        return n
 
     # ------------------------------------------------------------------ slots for a batch
 
@@ -161,6 +202,9 @@ class KVCache:
 
     def write(self, il: int, cells: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Stores the K and V rows of layer `il` for `cells`: (n, n_head_kv, head_dim)."""
+        if self.kv_source[il] != il:
+            raise ValueError(f"layer {il} reuses layer {self.kv_source[il]}'s K and V: it "
+                             f"stores none of its own")
         self.k[il].write(cells, k)
         self.v[il].write(cells, v)
 
@@ -236,6 +280,8 @@ class KVCache:
             shift = np.full(moved.size, delta, np.int64)
             for il in range(self.n_layer):
                 if self.layer_rope[il] is None:  # llama_hparams::has_rope: nothing to turn
+                    continue
+                if self.kv_source[il] != il:  # another layer's rows: turned with that layer
                     continue
                 k = np.ascontiguousarray(self.k[il].read_cells(moved))
                 ops.rope_apply(k, shift, self.layer_rope[il], magnitude=False)

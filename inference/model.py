@@ -192,17 +192,24 @@ class ForwardContext:
         window and row set that lists visible cells."""
         return self.kv.cell_order(self.n_kv)
 
-    def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0):
+    def attend(self, il: int, q, k, v, scale: float, softcap: float = 0.0, sinks=None):
         """Stores this batch's K and V (n, n_head_kv, head_dim) of layer `il` in the cache, then
         attends q (n, n_head, head_dim) over the cache: (n, n_head * head_dim_v); softcap > 0
-        soft-caps the scores (Backend.attention). Where the layer's cache is kept by another
-        backend than the layer's (--no-kv-offload), q, k and v go there and the result comes
-        back, as llama.cpp runs attention next to the cache."""
+        soft-caps the scores, sinks (the layer's per-head sink logits) join the softmax
+        (Backend.attention). k and v None: a layer that reuses an earlier layer's cache
+        (KVCache.kv_source) attends over those rows, storing nothing. Where the layer's cache
+        is kept by another backend than the layer's (--no-kv-offload), q, k and v go there and
+        the result comes back, as llama.cpp runs attention next to the cache."""
         be, kv_be = self.backend(il), self.model.kv_backends[il]
-        q, k, v = (move(a, be, kv_be) for a in (q, k, v))
-        self.kv.write(il, self.cells, k, v)  # into the rows the cache's backend keeps
+        q = move(q, be, kv_be)
+        if sinks is not None:  # a weight of the layer's backend
+            sinks = move(sinks, be, kv_be)
+        if k is not None:
+            k, v = move(k, be, kv_be), move(v, be, kv_be)
+            self.kv.write(il, self.cells, k, v)  # into the rows the cache's backend keeps
         k_all, v_all = self.kv.read(il, self.n_kv)
-        out = kv_be.attention(q, k_all, v_all, KQMask(self, self.hp.window(il)), scale, softcap)
+        out = kv_be.attention(q, k_all, v_all, KQMask(self, self.hp.window(il)), scale, softcap,
+                              sinks)
         return move(out, kv_be, be)
 
 
@@ -226,6 +233,7 @@ class EmbeddingContext(ForwardContext):
         self.out_rows = np.arange(tokens.size)
         self._masks = {}
         self._seq_index = seq_index
+        self._own_kv = {}  # layer → its (k, v), for the layers that reuse them
 
     def keep_rows(self, il: int) -> None:
         return None  # every token's state is pooled
@@ -238,10 +246,16 @@ class EmbeddingContext(ForwardContext):
         return m
 
     def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-               scale: float, softcap: float = 0.0) -> np.ndarray:
-        """q over this batch's own k and v (n, heads, head_dim): (n, n_head * head_dim_v)."""
+               scale: float, softcap: float = 0.0, sinks=None) -> np.ndarray:
+        """q over this batch's own k and v (n, heads, head_dim): (n, n_head * head_dim_v);
+        k and v None: over those of the layer it reuses (Model.kv_source)."""
+        if k is None:
+            src = self.model.kv_source[il]
+            k, v = (move(a, self.backend(src), self.backend(il)) for a in self._own_kv[src])
+        else:
+            self._own_kv[il] = (k, v)
         return self.backend(il).attention(q, k, v, self.mask(self.hp.window(il)), scale,
-                                          softcap)
+                                          softcap, sinks)
 
 
 def _batch_kq_mask(positions: np.ndarray, seq_index: np.ndarray, causal: bool,
@@ -292,17 +306,35 @@ class Model:
         # an encoder attends without the cache (llama.cpp gives it no memory): its cache keeps
         # the cells' bookkeeping for the engine's slots but no K/V rows
         n_cached = 0 if hp.encoder else hp.n_layer
-        host_layers = sum(be.device is None for be in self.kv_backends[:n_cached])
-        check_kv_fits(n_ctx, kv_bytes_per_cell(host_layers, hp.n_head_kv, hp.head_dim_k,
-                                               hp.head_dim_v, cache_type_k, cache_type_v),
+        # a layer that reuses an earlier layer's K and V (Gemma 4) attends where they are kept
+        self.kv_source = [arch.kv_source(hp, il) for il in range(hp.n_layer)]
+        for il, src in enumerate(self.kv_source):
+            self.kv_backends[il] = self.kv_backends[src]
+        shapes = [arch.kv_shape(hp, il) for il in range(n_cached)]
+        recurrent = arch.recurrent_rows(hp)  # a hybrid model's recurrent layers keep no K/V
+        no_rows = set(recurrent.layers) if recurrent is not None else set()
+        host_layers = [il for il in range(n_cached)
+                       if self.kv_source[il] == il and self.kv_backends[il].device is None
+                       and il not in no_rows]
+        check_kv_fits(n_ctx, sum(kv_bytes_per_cell(1, *shapes[il], cache_type_k, cache_type_v)
+                                 for il in host_layers),
                       sum(t.nbytes for t in gguf.tensors.values())
                       - sum(getattr(be, "weight_bytes", 0) for be in self.backends))
         # how each layer rotates Q and K: attention and the cache's position shift share it
         self.layer_rope = [arch.layer_rope(hp, il, n_ctx) for il in range(hp.n_layer)]
         rows = KVRows(hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, cache_type_k, cache_type_v)
-        self.kv = KVCache(n_ctx, n_cached, rows, n_seq_max=config.n_parallel,
-                          layer_rope=self.layer_rope[:n_cached],
-                          layer_backends=self.kv_backends[:n_cached])
+        if any(shape != shapes[0] for shape in shapes):  # layers of different head sizes
+            rows = [KVRows(*shape, cache_type_k, cache_type_v) for shape in shapes]
+        if recurrent is None:
+            self.kv = KVCache(n_ctx, n_cached, rows, n_seq_max=config.n_parallel,
+                              layer_rope=self.layer_rope[:n_cached],
+                              layer_backends=self.kv_backends[:n_cached],
+                              kv_source=self.kv_source[:n_cached])
+        else:  # a hybrid model: recurrent states beside the attention layers' cells
+            from .recurrent import HybridCache
+            self.kv = HybridCache(n_ctx, n_cached, rows, recurrent, n_seq_max=config.n_parallel,
+                                  layer_rope=self.layer_rope[:n_cached],
+                                  layer_backends=self.kv_backends[:n_cached])
         self._graphs = self._decode_graphs()
 
     @classmethod
@@ -410,6 +442,7 @@ class Model:
             raise ValueError("negative position")
         self.kv.find_slots(n)  # all or nothing: fail before touching the cache
         seq_first = np.array([s[0] for s in batch.seq_ids], np.int64)
+        self.kv.begin_decode(positions, batch.seq_ids)  # recurrent states: checked, kept
         parts, claimed = [], []
         try:
             for u0 in range(0, n, self.n_ubatch):
@@ -424,7 +457,9 @@ class Model:
         except BaseException:  # leave the cache as it was (an interrupted prompt, say)
             for cells in claimed:
                 self.kv.free_cells(cells)
+            self.kv.abort_decode()
             raise
+        self.kv.end_decode()
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts, axis=0)

@@ -235,7 +235,7 @@ def check_argmax():
     np.testing.assert_array_equal(out.copy_to_host(), x.argmax(axis=1))
 
 
-def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
+def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng, sinks=None):
     from llamatui.inference.cpu import attention as cpu_attention
     from llamatui.inference.cuda.attention import CellMask, DeviceKV, attention
     from llamatui.inference.kv_cache import KVCache, KVRows
@@ -256,16 +256,18 @@ def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng):
     q = rng.standard_normal((3, n_head, d)).astype(np.float32)
     mask = cpu_attention.build_kq_mask(cell_pos, cell_seq, tok_pos, tok_seq, n_cells, n_swa)
     k32, v32 = cache.k[0].read_f32(n_cells), cache.v[0].read_f32(n_cells)
-    want = cpu_attention.attention(q, k32, v32, mask, 0.17).reshape(3, n_head, d).astype(np.float64)
+    want = cpu_attention.attention(q, k32, v32, mask, 0.17, sinks=sinks).reshape(
+        3, n_head, d).astype(np.float64)
     out = zeros_on_device((3, n_head, d), np.float32)
     k = DeviceKV(to_device(cache.k[0].data.view(np.uint8)), k_type, n_head_kv, d)
     v = DeviceKV(to_device(cache.v[0].data.view(np.uint8)), v_type, n_head_kv, d)
     cells = CellMask(to_device(cell_pos), to_device(cell_seq), to_device(tok_pos),
                      to_device(tok_seq), n_swa)
-    attention(to_device(q), k, v, cells, 0.17, out)
+    attention(to_device(q), k, v, cells, 0.17, out,
+              sinks=None if sinks is None else to_device(sinks))
     magnitude = np.abs(v32).reshape(n_cells, -1).max()
     assert_close_f32(out.copy_to_host(), want, magnitude, f"attention K {k_type} V {v_type} "
-                     f"heads {n_head}/{n_head_kv} n_swa {n_swa}", ulps=16)
+                     f"heads {n_head}/{n_head_kv} n_swa {n_swa} sinks {sinks}", ulps=16)
 
 
 @check("attention_f16")
@@ -285,6 +287,31 @@ def check_attention_q8_0():
 def check_attention_f32_mixed():
     rng = check_rng(10)
     _attention_case("f32", "q8_0", 2, 1, 64, 5, rng)
+
+
+@check("attention_sinks")
+def check_attention_sinks():
+    """gpt-oss's sinks (one logit per head, joining the softmax) as the CPU kernel has them,
+    one large enough to outweigh the cells; with a window, as gpt-oss's even layers."""
+    rng = check_rng(11)
+    sinks = np.array([6.0, -1.0, 0.5, 2.0], np.float32)
+    _attention_case("f16", "f16", 4, 2, 32, 0, rng, sinks)
+    _attention_case("q8_0", "f16", 4, 2, 32, 8, rng, sinks)
+
+
+@check("swiglu_oai")
+def check_swiglu_oai():
+    """cpu.ops.swiglu_oai: the clamps at ±7 (gate from above only) and the sigmoid of 1.702 x."""
+    from llamatui.inference.cpu import ops
+    from llamatui.inference.cuda.elementwise import swiglu_oai
+    rng = check_rng(12)
+    g = (rng.standard_normal((3, 100)) * 6).astype(np.float32)
+    u = (rng.standard_normal((3, 100)) * 6).astype(np.float32)
+    g[0, :4] = u[0, :4] = [7.5, -7.5, 7.0, -100.0]
+    out = zeros_on_device(g.shape, np.float32)
+    swiglu_oai(to_device(g), to_device(u), 1.702, 7.0, out)
+    want = ops.swiglu_oai(g, u, 1.702, 7.0).astype(np.float64)
+    assert_close_f32(out.copy_to_host(), want, np.abs(want), "swiglu_oai", ulps=8)
 
 
 CHECK_NAMES = tuple(CHECKS)

@@ -7,7 +7,8 @@ llama-cpp-python`; its llama.cpp is the reference), never by the test suite:
 
 For each case (a family, or a variant of one) and weight type it writes the model, evaluates
 `TOKENS` in one batch with logits for every position (the case's context size, f16 KV cache,
-2 threads), and keeps per position llama.cpp's top-2 token ids and their log-probabilities, plus
+2 threads; `TOKENS`, or the case's own `tokens` when it asks for more positions), and keeps
+per position llama.cpp's top-2 token ids and their log-probabilities, plus
 the model file's sha256 (so a changed recipe is noticed).
 
 Encoders (the catalog's `encoder` families: BERT...) have no logits: for them llama.cpp's
@@ -119,7 +120,7 @@ def main(names: list[str]) -> None:
                 if ARCHITECTURES[CASES[name].arch].encoder:
                     embd_models[key] = record_embeddings(path, type_name == "F16")
                 else:
-                    models[key] = record(path, CASES[name].n_ctx)
+                    models[key] = record(path, CASES[name].n_ctx, CASES[name].tokens)
                 print(f"{key}: recorded", flush=True)
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")
     GOLDEN_EMBEDDINGS.write_text(json.dumps(golden_embd, indent=1) + "\n")

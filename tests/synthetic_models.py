@@ -43,6 +43,8 @@ class Recipe:
     tensors: dict[str, np.ndarray]
     # tensors kept F32 whatever the type (norms, biases, and what a family wants exact)
     keep_f32: set = field(default_factory=set)
+    # ggml types of some tensors whatever the case's type (gpt-oss's MXFP4 experts)
+    tensor_types: dict = field(default_factory=dict)
     # the tokenizer's metadata [(key, value, type)] when not the default GPT-2-style vocabulary
     tokenizer: list | None = None
     # general.name's subject when the case name will not do: llama.cpp's vocabulary loader
@@ -172,6 +174,127 @@ def recipe_gemma3(rng) -> Recipe:
                           **{"attention.sliding_window": 8,
                              "attention.sliding_window_pattern": 2})
     return Recipe("gemma3", md, t)
+
+
+def gemma4_layers(rng, e: int, n_head: int, swa: list, n_head_kv: list, n_ff: list,
+                  head_dim: tuple[int, int], n_kv: int, no_v: set) -> dict[str, np.ndarray]:
+    """Gemma 4's layers: per-head Q/K norms, post-norms; sliding layers' heads head_dim[0]
+    wide, global ones' head_dim[1]; layers from n_kv on without K/V (they reuse the cache of an
+    earlier layer), those in `no_v` without attn_v (V is K). Gemma 4 scales no score by
+    1/sqrt(head_dim) (its trained Q norm does): the Q norm weights here are near 1/sqrt(d),
+    else scores ~ N(0, d) make a softmax so sharp that llama.cpp's 8-bit activations move the
+    log-probabilities by 0.1 nats on average."""
+    t = {}
+    for il, is_swa in enumerate(swa):
+        p, d, kv = f"blk.{il}.", head_dim[0] if is_swa else head_dim[1], n_head_kv[il]
+        t[p + "attn_norm.weight"] = norm(rng, e)
+        t[p + "attn_q.weight"] = matrix(rng, n_head * d, e)
+        t[p + "attn_q_norm.weight"] = norm(rng, d) / np.float32(np.sqrt(d))
+        if il < n_kv:
+            t[p + "attn_k.weight"] = matrix(rng, kv * d, e)
+            t[p + "attn_k_norm.weight"] = norm(rng, d)
+            if il not in no_v:
+                t[p + "attn_v.weight"] = matrix(rng, kv * d, e)
+        t[p + "attn_output.weight"] = matrix(rng, e, n_head * d)
+        t[p + "post_attention_norm.weight"] = norm(rng, e)
+        t[p + "ffn_norm.weight"] = norm(rng, e)
+        t[p + "ffn_gate.weight"] = matrix(rng, n_ff[il], e)
+        t[p + "ffn_up.weight"] = matrix(rng, n_ff[il], e)
+        t[p + "ffn_down.weight"] = matrix(rng, e, n_ff[il])
+        t[p + "post_ffw_norm.weight"] = norm(rng, e)
+    return t
+
+
+def gemma4_proportional_rope_freqs(head_dim: int, partial: float) -> np.ndarray:
+    """The converter's rope_freqs for the global layers: 1 for the rotated pairs, 1e30 (no
+    turn) for the rest."""
+    n_rot = int(head_dim * partial / 2)
+    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), np.float32)
+
+
+def recipe_gemma4(rng) -> Recipe:
+    """Gemma 4 as E2B / E4B: 5 layers, sliding (heads of 64, 2 KV heads, window 8) but layers 2
+    and 4 (global: heads of 128, 1 KV head, proportional RoPE over a quarter of the pairs); the
+    last 2 layers keep no K/V (3 reuses layer 1's, 4 layer 2's) and have a double-wide FFN;
+    layer 2 has no attn_v (V is K); per-layer token embeddings of 256 per layer; a
+    layer_output_scale on every layer; final logit soft-cap 4; output tied. Every layer adds
+    three sublayers' 8-bit-rounded products in llama.cpp: logits at 3/4 of the usual scale
+    (output_norm) keep that rounding under what tests/test_archs.py measures (0.02 on average
+    for Q4_K at full scale)."""
+    e, n_head, n_layer, n_pe = 256, 4, 5, 256
+    swa = [True, True, False, True, False]
+    n_head_kv = [2 if s else 1 for s in swa]
+    n_ff = [512] * 3 + [1024] * 2
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e) / 16}
+    t.update(gemma4_layers(rng, e, n_head, swa, n_head_kv, n_ff, (64, 128), 3, {2}))
+    t["per_layer_token_embd.weight"] = embeddings(rng, N_VOCAB, n_pe * n_layer) / 16
+    t["per_layer_model_proj.weight"] = matrix(rng, n_pe * n_layer, e)
+    t["per_layer_proj_norm.weight"] = norm(rng, n_pe)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "inp_gate.weight"] = matrix(rng, n_pe, e)
+        t[p + "proj.weight"] = matrix(rng, e, n_pe)
+        t[p + "post_norm.weight"] = norm(rng, e)
+        t[p + "layer_output_scale.weight"] = rng.uniform(0.75, 1.0, 1).astype(np.float32)
+    t["rope_freqs.weight"] = gemma4_proportional_rope_freqs(128, 0.25)
+    t["output_norm.weight"] = 0.75 * norm(rng, e)
+    md = decoder_metadata("gemma4", n_layer=n_layer, n_embd=e, n_ff=n_ff, n_head=n_head,
+                          n_head_kv=n_head_kv, head_dim=128, rope_base=1e6, **{
+                              "attention.sliding_window": 8,
+                              "attention.sliding_window_pattern": swa,
+                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
+                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
+                              "rope.freq_base_swa": 10000.0,
+                              "embedding_length_per_layer_input": n_pe,
+                              "attention.shared_kv_layers": 2,
+                              "final_logit_softcapping": 4.0})
+    return Recipe("gemma4", md, t)
+
+
+def recipe_gemma4_moe(rng) -> Recipe:
+    """Gemma 4 as the 26B-A4B: every layer's dense FFN beside 8 experts (2 chosen, weights
+    normalized, each output scaled by ffn_down_exps.scale), the router reading
+    rms_norm(h) / 16 * ffn_gate_inp.scale (~16, so that its logits are ~ N(0, 64): a toss-up
+    routing moves the K/V later positions attend over, which the router margin of
+    tests/test_archs.py does not see, so near-ties are kept rare as in recipe_qwen35moe);
+    two layers (as recipe_qwen3moe, for the same reason), the sliding one with separate gate
+    and up experts, the global one with fused gate_up experts and no attn_v; no per-layer
+    embeddings nor shared KV; an output matrix of its own."""
+    e, n_head, n_layer, n_expert, n_ff_exp = 256, 4, 2, 8, 256
+    swa = [True, False]
+    n_head_kv = [2 if s else 1 for s in swa]
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, e) / 16}
+    t.update(gemma4_layers(rng, e, n_head, swa, n_head_kv, [512] * n_layer, (64, 128), n_layer,
+                           {1}))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "ffn_gate_inp.weight"] = matrix(rng, n_expert, e, 8.0)
+        t[p + "ffn_gate_inp.scale"] = 16 * norm(rng, e)
+        if il % 2:
+            t[p + "ffn_gate_up_exps.weight"] = expert_matrices(rng, n_expert, 2 * n_ff_exp, e)
+        else:
+            t[p + "ffn_gate_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, e)
+            t[p + "ffn_up_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, e)
+        t[p + "ffn_down_exps.weight"] = expert_matrices(rng, n_expert, e, n_ff_exp)
+        t[p + "ffn_down_exps.scale"] = rng.uniform(0.5, 1.5, n_expert).astype(np.float32)
+        for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+            t[p + name + ".weight"] = norm(rng, e)
+    t["rope_freqs.weight"] = gemma4_proportional_rope_freqs(128, 0.25)
+    t["output_norm.weight"] = norm(rng, e)
+    t["output.weight"] = matrix(rng, N_VOCAB, e, gain=0.75)  # as recipe_gemma4's logits
+    md = decoder_metadata("gemma4", n_layer=n_layer, n_embd=e, n_ff=512, n_head=n_head,
+                          n_head_kv=n_head_kv, head_dim=128, rope_base=1e6, **{
+                              "attention.sliding_window": 8,
+                              "attention.sliding_window_pattern": swa,
+                              "attention.key_length_swa": 64, "attention.value_length_swa": 64,
+                              "rope.dimension_count": 128, "rope.dimension_count_swa": 64,
+                              "embedding_length_per_layer_input": 0,
+                              "attention.shared_kv_layers": 0,
+                              "expert_count": n_expert, "expert_used_count": 2,
+                              "expert_feed_forward_length": n_ff_exp,
+                              "final_logit_softcapping": 30.0})
+    # llama-quantize never quantizes the router (ffn_gate_inp)
+    return Recipe("gemma4", md, t, keep_f32={k for k in t if k.endswith("ffn_gate_inp.weight")})
 
 
 def recipe_phi3(rng) -> Recipe:
@@ -375,9 +498,213 @@ def recipe_qwen3moe(rng) -> Recipe:
         qkv_bias=False, qk_norm=True)
 
 
+def gpt_oss_layers(rng, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, head_dim: int,
+                   n_expert: int, n_ff_exp: int) -> dict[str, np.ndarray]:
+    """gpt-oss's layers: attention with Q/K/V/O biases and per-head sinks ~ N(0, 1); the FFN's
+    pre-norm is post_attention_norm; a router with a bias (gain 5, as moe_ffn's) and experts
+    with a bias row each. attn_output and the experts' down matrices at half gain: the layers
+    then add less to the embeddings, and llama.cpp's 8-bit activations move the log-probabilities
+    of the quantized files about half as much (0.008 to 0.016 nats on average, against 0.025 to
+    0.04 at full gain)."""
+    t = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "attn_norm.weight"] = norm(rng, n_embd)
+        for name, n_out in (("attn_q", n_head * head_dim), ("attn_k", n_head_kv * head_dim),
+                            ("attn_v", n_head_kv * head_dim)):
+            t[p + name + ".weight"] = matrix(rng, n_out, n_embd)
+            t[p + name + ".bias"] = bias(rng, n_out)
+        t[p + "attn_output.weight"] = matrix(rng, n_embd, n_head * head_dim, 0.5)
+        t[p + "attn_output.bias"] = bias(rng, n_embd)
+        t[p + "attn_sinks.weight"] = rng.standard_normal(n_head).astype(np.float32)
+        t[p + "post_attention_norm.weight"] = norm(rng, n_embd)
+        t[p + "ffn_gate_inp.weight"] = matrix(rng, n_expert, n_embd, 5.0)
+        t[p + "ffn_gate_inp.bias"] = bias(rng, n_expert)
+        t[p + "ffn_gate_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, n_embd)
+        t[p + "ffn_up_exps.weight"] = expert_matrices(rng, n_expert, n_ff_exp, n_embd)
+        t[p + "ffn_down_exps.weight"] = 0.5 * expert_matrices(rng, n_expert, n_embd, n_ff_exp)
+        t[p + "ffn_gate_exps.bias"] = 0.1 * rng.standard_normal((n_expert, n_ff_exp))
+        t[p + "ffn_up_exps.bias"] = 0.1 * rng.standard_normal((n_expert, n_ff_exp))
+        t[p + "ffn_down_exps.bias"] = 0.1 * rng.standard_normal((n_expert, n_embd))
+    return t
+
+
+def recipe_gpt_oss(rng) -> Recipe:
+    """gpt-oss: attention sinks, even layers sliding-window (8 positions, their own RoPE base),
+    YaRN (factor 4 over an original context of 32), 4 experts of which 2 chosen by logit and
+    weighted by the softmax over those two, expert biases, the clamped SwiGLU. (Of 8 experts
+    the 2nd and 3rd are close too often: fewer than 64 positions would be compared.)"""
+    shape = dict(n_layer=4, n_embd=256, n_head=8, n_head_kv=2)
+    n_expert, n_ff_exp = 4, 256
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **gpt_oss_layers(rng, head_dim=64, n_expert=n_expert, n_ff_exp=n_ff_exp, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    md = decoder_metadata("gpt-oss", head_dim=64, n_ff=n_ff_exp, rope_base=10000.0, eps=1e-5,
+                          **shape, **{
+                              "expert_count": n_expert, "expert_used_count": 2,
+                              "expert_feed_forward_length": n_ff_exp,
+                              "attention.sliding_window": 8, "rope.freq_base_swa": 5000.0,
+                              "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                              "rope.scaling.original_context_length": 32})
+    # llama-quantize leaves the router and every bias (.bias, 2-D ones included) unquantized
+    keep = {k for k in t if k.endswith(("ffn_gate_inp.weight", ".bias"))}
+    return Recipe("gpt-oss", md, {k: np.asarray(v, np.float32) for k, v in t.items()},
+                  keep_f32=keep)
+
+
+def recipe_gpt_oss_mxfp4(rng) -> Recipe:
+    """gpt-oss as its files come: the experts' matrices MXFP4 whatever the other matrices are."""
+    recipe = recipe_gpt_oss(rng)
+    recipe.tensor_types = {k: "MXFP4" for k in recipe.tensors if k.endswith("_exps.weight")}
+    return recipe
+
+
+def qwen35_layers(rng, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int,
+                  head_dim: int, interval: int, ssm: dict) -> dict[str, np.ndarray]:
+    """Qwen 3.5's layers: Gated DeltaNet but every `interval`-th, which is gated attention (Q
+    projection twice as tall: each head's query, then its gate); post_attention_norm before the
+    FFN. Decays near 1 (ssm_a ~ -0.05..-1, softplus(ssm_dt) ~ 0.13), so that the state carries
+    tokens far back. The DeltaNet output (ssm_out, gain 0.5) and the FFN (ffn_down, gain 0.7)
+    add less to the residual stream than a plain matrix would: four layers of them, each with
+    more 8-bit-rounded products than an attention layer, put llama.cpp's activation rounding at
+    0.027 nats on average on Q4_K with full gains (0.009 where our 8-bit kernels round the same
+    way), beyond what tests/test_archs.py means to measure."""
+    t = {}
+    s, n_k, n_v = ssm["state_size"], ssm["group_count"], ssm["time_step_rank"]
+    conv_dim = 2 * n_k * s + n_v * s
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t[p + "attn_norm.weight"] = norm(rng, n_embd)
+        t[p + "post_attention_norm.weight"] = norm(rng, n_embd)
+        if (il + 1) % interval == 0:
+            t[p + "attn_q.weight"] = matrix(rng, 2 * n_head * head_dim, n_embd)
+            t[p + "attn_k.weight"] = matrix(rng, n_head_kv * head_dim, n_embd)
+            t[p + "attn_v.weight"] = matrix(rng, n_head_kv * head_dim, n_embd)
+            t[p + "attn_output.weight"] = matrix(rng, n_embd, n_head * head_dim)
+            t[p + "attn_q_norm.weight"] = norm(rng, head_dim)
+            t[p + "attn_k_norm.weight"] = norm(rng, head_dim)
+        else:
+            t[p + "attn_qkv.weight"] = matrix(rng, conv_dim, n_embd)
+            t[p + "attn_gate.weight"] = matrix(rng, n_v * s, n_embd)
+            t[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, ssm["conv_kernel"]))
+                                          * 0.5).astype(np.float32)
+            t[p + "ssm_dt.bias"] = (-2.0 + 0.1 * rng.standard_normal(n_v)).astype(np.float32)
+            t[p + "ssm_a"] = (-np.exp(rng.uniform(-3.0, 0.0, n_v))).astype(np.float32)
+            t[p + "ssm_beta.weight"] = matrix(rng, n_v, n_embd)
+            t[p + "ssm_alpha.weight"] = matrix(rng, n_v, n_embd)
+            t[p + "ssm_norm.weight"] = norm(rng, s)
+            t[p + "ssm_out.weight"] = matrix(rng, n_embd, n_v * s, gain=0.5)
+        t[p + "ffn_gate.weight"] = matrix(rng, n_ff, n_embd)
+        t[p + "ffn_up.weight"] = matrix(rng, n_ff, n_embd)
+        t[p + "ffn_down.weight"] = matrix(rng, n_embd, n_ff, gain=0.7)
+    return t
+
+
+QWEN35_SSM = {"conv_kernel": 4, "state_size": 64, "group_count": 2, "time_step_rank": 4,
+              "inner_size": 256}
+
+
+def recipe_qwen35(rng) -> Recipe:
+    """Qwen 3.5: 3 DeltaNet layers then 1 gated attention layer (full_attention_interval 4, as
+    the real models), 4 value heads over 2 key heads; partial IMROPE (32 of 64 dims) whose
+    sections [5, 5, 5, 1] leave the last pair unturned for text."""
+    shape = dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256),
+         **qwen35_layers(rng, head_dim=64, interval=4, ssm=QWEN35_SSM, **shape),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    md = decoder_metadata("qwen35", head_dim=64, rope_base=1e7, **shape,
+                          **{"rope.dimension_count": 32, "rope.dimension_sections": [5, 5, 5, 1],
+                             "full_attention_interval": 4},
+                          **{f"ssm.{k}": v for k, v in QWEN35_SSM.items()})
+    return Recipe("qwen35", md, t, keep_f32={k for k in t if k.endswith("ssm_conv1d.weight")})
+
+
+def recipe_qwen35moe(rng) -> Recipe:
+    """Qwen 3.5 MoE: Qwen 3.5's hybrid layers with 8 experts, 2 chosen per token (weights
+    normalised), and a shared expert behind its sigmoid gate in place of the dense FFN (its
+    down matrices at gain 0.7, as recipe_qwen35's ffn_down). Two layers, a DeltaNet one then
+    an attention one (full_attention_interval 2): over 300 positions, four layers of routing
+    behind DeltaNet layers leave toss-ups llama.cpp's 8-bit activations settle otherwise
+    (up to 0.34 nats at a position) more often than the router margin catches; for the same
+    reason a router gain of 8 (near-ties rarer)."""
+    shape = dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    moe = {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 256,
+           "expert_shared_feed_forward_length": 256}
+    layers = without_dense_ffn(qwen35_layers(rng, head_dim=64, interval=2, ssm=QWEN35_SSM,
+                                             **shape))
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256), **layers,
+         **moe_ffn(rng, 2, 256, 8, 256, 256, router_gain=8.0),
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    for k in t:
+        if k.endswith(("ffn_down_exps.weight", "ffn_down_shexp.weight")):
+            t[k] *= np.float32(0.7)
+    md = decoder_metadata("qwen35moe", head_dim=64, rope_base=1e7, **shape, **moe,
+                          **{"rope.dimension_count": 32, "rope.dimension_sections": [5, 5, 5, 1],
+                             "full_attention_interval": 2},
+                          **{f"ssm.{k}": v for k, v in QWEN35_SSM.items()})
+    # llama-quantize never quantizes the router (ffn_gate_inp)
+    keep = {k for k in t if k.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight"))}
+    return Recipe("qwen35moe", md, t, keep_f32=keep)
+
+
+def _mistral3_recipe(rng, ffn_bias: bool = False, moe: dict | None = None) -> Recipe:
+    shape = dict(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    layers = llama_layers(rng, head_dim=64, **shape)
+    if ffn_bias:
+        for il in range(shape["n_layer"]):
+            for name, n in (("gate", 512), ("up", 512), ("down", 256)):
+                layers[f"blk.{il}.ffn_{name}.bias"] = bias(rng, n)
+    if moe:  # mistral3's experts are feed_forward_length wide
+        layers = {**without_dense_ffn(layers),
+                  **moe_ffn(rng, shape["n_layer"], 256, moe["expert_count"], shape["n_ff"])}
+    t = {"token_embd.weight": embeddings(rng, N_VOCAB, 256), **layers,
+         "output_norm.weight": norm(rng, 256),
+         "output.weight": matrix(rng, N_VOCAB, 256)}
+    md = decoder_metadata("mistral3", head_dim=64, rope_base=10000.0, **shape, **(moe or {}),
+                          **{"rope.dimension_count": 64})
+    # llama-quantize never quantizes the router (ffn_gate_inp)
+    return Recipe("mistral3", md, t, keep_f32={k for k in t if k.endswith("ffn_gate_inp.weight")})
+
+
+def _with_mistral3_scaling(recipe: Recipe) -> Recipe:
+    """Ministral 3's YaRN (factor 4) and Llama 4's attention temperature over an original
+    context of 16, so that the queries' scale steps up 4 times in the 80 positions (to
+    1 + 0.4·ln 5 at the last); YaRN's betas (2 and 0.25: a ramp over pairs 0..9 where the
+    defaults give 0..4) and log multiplier (1: the cos/sin magnitude back to 1) away from
+    llama.cpp's defaults, which its mistral3 reads from the file."""
+    recipe.metadata.update({f"mistral3.{k}": v for k, v in {
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 16, "rope.scaling.yarn_beta_fast": 2.0,
+        "rope.scaling.yarn_beta_slow": 0.25, "rope.scaling.yarn_log_multiplier": 1.0,
+        "attention.temperature_scale": 0.4}.items()})
+    return recipe
+
+
+def recipe_mistral3(rng) -> Recipe:
+    """Ministral 3: llama's block with YaRN and attention temperature scaling."""
+    return _with_mistral3_scaling(_mistral3_recipe(rng))
+
+
+def recipe_mistral3_plain(rng) -> Recipe:
+    """mistral3 without YaRN or temperature scaling, and with the FFN biases its build_ffn
+    takes when the file has them."""
+    return _mistral3_recipe(rng, ffn_bias=True)
+
+
+def recipe_mistral3_moe(rng) -> Recipe:
+    """mistral3's mixture-of-experts branch: 8 experts of feed_forward_length, 2 chosen per
+    token, their weights normalised; with the scaling of the dense recipe."""
+    return _with_mistral3_scaling(_mistral3_recipe(rng, moe={"expert_count": 8,
+                                                              "expert_used_count": 2}))
+
+
 RECIPES = {
     "llama": recipe_llama,
     "gemma3": recipe_gemma3,
+    "gemma4": recipe_gemma4,
     # the architectures issue, part 1 (families helper)
     "phi3": recipe_phi3,
     "gemma2": recipe_gemma2,
@@ -388,6 +715,10 @@ RECIPES = {
     "qwen3": recipe_qwen3,
     "qwen2moe": recipe_qwen2moe,
     "qwen3moe": recipe_qwen3moe,
+    "qwen35": recipe_qwen35,
+    "qwen35moe": recipe_qwen35moe,
+    "mistral3": recipe_mistral3,
+    "gpt-oss": recipe_gpt_oss,
 }
 
 
@@ -505,6 +836,15 @@ class Case:
     """A model evaluated against llama.cpp: its recipe and the context both run it in."""
     recipe: object  # (rng) -> Recipe
     n_ctx: int = 256
+    # positions evaluated: TOKENS (80) unless more are needed (a recurrent state's long reach)
+    n_tokens: int = len(TOKENS)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids the case is evaluated on: TOKENS, or n_tokens ids of the same kind."""
+        if self.n_tokens == len(TOKENS):
+            return TOKENS
+        return [int(t) for t in np.random.default_rng(4321).integers(3, N_VOCAB, self.n_tokens)]
 
     @property
     def arch(self) -> str:
@@ -519,8 +859,18 @@ VARIANTS = {
     "llama-sliding-window": Case(recipe_llama_sliding_window),
     "phi3-long-factors": Case(recipe_phi3, n_ctx=512),
     "olmo2-sliding-window": Case(recipe_olmo2_sliding_window),
+    "mistral3-plain": Case(recipe_mistral3_plain),
+    "mistral3-moe": Case(recipe_mistral3_moe),
+    "gpt-oss-mxfp4": Case(recipe_gpt_oss_mxfp4),
+    "gemma4-moe": Case(recipe_gemma4_moe),
 }
-CASES = {**{name: Case(recipe) for name, recipe in RECIPES.items()}, **VARIANTS}
+# families whose own case is not the default one (more positions, a larger context)
+FAMILY_CASES = {
+    "qwen35": Case(recipe_qwen35, n_ctx=512, n_tokens=300),
+    "qwen35moe": Case(recipe_qwen35moe, n_ctx=512, n_tokens=300),
+}
+CASES = {**{name: FAMILY_CASES.get(name, Case(recipe)) for name, recipe in RECIPES.items()},
+         **VARIANTS}
 
 
 # ----------------------------------------------------------------------------- writing
@@ -568,13 +918,14 @@ def write_model(name: str, type_name: str, directory) -> pathlib.Path:
         w.add(key, value, typed(value))
     for name, array in recipe.tensors.items():
         array = np.ascontiguousarray(array, dtype=np.float32)
+        tensor_type = recipe.tensor_types.get(name, type_name)
         if array.ndim == 1 or name in recipe.keep_f32:
             w.add_tensor(name, "F32", array.shape, array)
-        elif type_name == "F16":
+        elif tensor_type == "F16":
             w.add_tensor(name, "F16", array.shape, array.astype(np.float16))
         else:
             rows = array.reshape(-1, array.shape[-1])
-            w.add_tensor(name, type_name, array.shape, quantize(type_name, rows))
+            w.add_tensor(name, tensor_type, array.shape, quantize(tensor_type, rows))
     w.write()
     return path
 

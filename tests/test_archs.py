@@ -66,10 +66,11 @@ def router_margins(monkeypatch) -> list:
     margins = []
     route = moe.route
 
-    def recording_route(logits, n_used, normalize):
+    def recording_route(logits, n_used, *gating):
+        # every gating ranks the experts by their (biased) logits: the margin is theirs
         ranked = -np.sort(-np.asarray(logits, np.float32), axis=1)
         margins.append(ranked[:, n_used - 1] - ranked[:, n_used])
-        return route(logits, n_used, normalize)
+        return route(logits, n_used, *gating)
 
     monkeypatch.setattr(moe, "route", recording_route)
     return margins
@@ -81,12 +82,14 @@ def test_logits_match_llama_cpp(name, type_name, model_dir, float32_products, ro
     path = write_model(name, type_name, model_dir)
     assert sha256_of(path) == ref["sha256"], "the recipe changed: record the reference again"
     model = Model.load(path, LoadConfig(n_ctx=CASES[name].n_ctx))
+    tokens = CASES[name].tokens  # TOKENS, or more positions where the case asks for them
     try:
-        logprobs = _log_softmax(model.decode(Batch(TOKENS, pos=0, logits=True)))
+        logprobs = _log_softmax(model.decode(Batch(tokens, pos=0, logits=True)))
     finally:
         model.close()
-    settled = np.ones(len(TOKENS), bool)
-    if router_margins:  # every layer routes all 80 tokens (all of them want logits)
+    assert len(ref["top2"]) == len(tokens)
+    settled = np.ones(len(tokens), bool)
+    if router_margins:  # every layer routes every token (all of them want logits)
         settled = np.min(router_margins, axis=0) >= ROUTER_MARGIN
         assert settled.sum() >= 64, "too many toss-up routings to mean much"
     top2 = np.array(ref["top2"])[settled]
@@ -199,3 +202,36 @@ def test_longrope_factors_follow_the_context_size(model_dir):
             assert all(np.array_equal(r.freq_factors, want) for r in model.layer_rope)
         finally:
             model.close()
+
+
+def _gemma4_keys(**changes):
+    keys = {"attention.sliding_window": 8, "attention.sliding_window_pattern": [True, False],
+            "attention.layer_norm_rms_epsilon": 1e-6, "embedding_length_per_layer_input": 0,
+            "attention.key_length": 128, "attention.value_length": 128,
+            "attention.key_length_swa": 64, "attention.value_length_swa": 64}
+    keys.update(changes)
+    return {k: v for k, v in keys.items() if v is not None}
+
+
+def test_gemma4_metadata():
+    """Per-layer KV heads and FFN widths, the sliding layers' head size, which layers reuse
+    which cache; what llama.cpp cannot run is refused naming the key."""
+    hp = _hparams("gemma4", **_gemma4_keys(**{
+        "block_count": 4, "attention.sliding_window_pattern": [True, False, True, False],
+        "attention.head_count_kv": [2, 1, 2, 1], "feed_forward_length": [512, 512, 1024, 1024],
+        "attention.shared_kv_layers": 2}))
+    assert hp.n_head_kv == 2 and hp.n_ff == 1024 and hp.kq_scale == 1.0
+    assert hp.extra["n_head_kv"] == (2, 1, 2, 1) and hp.extra["n_ff"] == (512, 512, 1024, 1024)
+    assert hp.extra["kv_source"] == (0, 1, 0, 1)
+    arch = ARCHITECTURES["gemma4"].load()
+    assert [arch.kv_shape(hp, il) for il in range(4)] == [(2, 64, 64), (1, 128, 128)] * 2
+    key = r"gemma4\.attention\."
+    for keys, error in (
+            ({"attention.sliding_window_pattern": 2}, key + "sliding_window_pattern"),
+            ({"attention.key_length_swa": None}, key + "key_length_swa"),
+            ({"attention.shared_kv_layers": 1}, key + "shared_kv_layers = 1: at least 2"),
+            ({"block_count": 3, "attention.sliding_window_pattern": [False, True, True],
+              "attention.shared_kv_layers": 1}, key + "shared_kv_layers .*other kind"),
+            ({"attention.head_count_kv": [4, 3]}, "cannot share 3 KV heads on layer 1")):
+        with pytest.raises(ModelMetadataError, match=error):
+            _hparams("gemma4", **_gemma4_keys(**keys))

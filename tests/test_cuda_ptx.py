@@ -84,6 +84,7 @@ def launch_everything() -> None:
     elementwise.rope(np.zeros((1, 2, 32), f32), np.zeros(1, i64), RopeSpec(32, 1e4),
                      np.ones(16, f32))
     elementwise.swiglu(x, x, np.zeros_like(x))
+    elementwise.swiglu_oai(x, x, 1.702, 7.0, np.zeros_like(x))
     elementwise.geglu(x, x, np.zeros_like(x), elementwise.GELU_TABLE)
     elementwise.argmax(x, np.zeros(2, np.int32))
     rows = {}
@@ -98,7 +99,7 @@ def launch_everything() -> None:
         k = attention.DeviceKV(rows[k_type].view(np.uint8), k_type, 1, 32)
         v = attention.DeviceKV(rows[v_type].view(np.uint8), v_type, 1, 32)
         attention.attention(np.zeros((1, 2, 32), f32), k, v, cells, 0.125,
-                            np.zeros((1, 2, 32), f32))
+                            np.zeros((1, 2, 32), f32), sinks=np.zeros(2, f32))
 
 
 def recorded_launches(monkeypatch) -> dict:

@@ -131,8 +131,8 @@ def test_experts_get_one_row_per_expert(tmp_path, monkeypatch):
     chosen = []
     route = moe.route
 
-    def recording_route(logits, n_used, normalize):
-        experts, weights = route(logits, n_used, normalize)
+    def recording_route(logits, n_used, *gating):
+        experts, weights = route(logits, n_used, *gating)
         chosen.append(np.array(experts))
         return experts, weights
 

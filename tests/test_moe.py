@@ -113,8 +113,8 @@ def test_routing_spreads_tokens_over_the_experts(family, model_dir, monkeypatch)
     sets = []
     route = moe.route
 
-    def recording_route(logits, n_used, normalize):
-        chosen, weights = route(logits, n_used, normalize)
+    def recording_route(logits, n_used, *gating):
+        chosen, weights = route(logits, n_used, *gating)
         sets.append(chosen)
         return chosen, weights
 

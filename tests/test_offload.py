@@ -113,8 +113,9 @@ class FakeDevice(CPUBackend):
     def rope(self, x, pos, spec):
         return self.tag(super().rope(self.own(x), pos, spec))
 
-    def attention(self, q, k, v, mask, scale, softcap=0.0):
-        return self.tag(super().attention(self.own(q), k, v, mask, scale, softcap))
+    def attention(self, q, k, v, mask, scale, softcap=0.0, sinks=None):
+        return self.tag(super().attention(self.own(q), k, v, mask, scale, softcap,
+                                          None if sinks is None else self.own(sinks)))
 
     def swiglu(self, gate, up):
         return self.tag(super().swiglu(self.own(gate), self.own(up)))

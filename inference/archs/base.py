@@ -9,8 +9,9 @@
   with the optional pieces other families add when their file has them: a fused `attn_qkv`
   (Phi 3; llama.cpp's create_tensor_qkv/build_qkv take it in every family), Q/K/V/O biases
   (Qwen 2), per-head or whole-vector Q/K RMS norms (Qwen 3, Gemma 3, OLMo 2), post-attention and
-  post-FFN norms (Gemma 2/3, OLMo 2), Llama 3.1's `rope_freqs` or LongRoPE's long/short factors,
-  attention logit soft-capping (Gemma 2), tied output, final logit soft-capping.
+  post-FFN norms (Gemma 2/3, OLMo 2), attention sinks (gpt-oss), Llama 3.1's `rope_freqs` or
+  LongRoPE's long/short factors, attention logit soft-capping (Gemma 2), tied output, final logit
+  soft-capping.
   A family subclasses it and overrides the hooks (`read_hparams`, `layer_rope`, `load_layer`,
   `embedding_scale`, `project_qkv`, `ffn`, `add_residual`, `final_norm`, `head`, ...).
   Embeddings (llama.cpp's `--embeddings`) pool `final_norm`'s output, so a family whose final
@@ -58,10 +59,25 @@ class Architecture(ABC):
         `ctx.embeddings` (an EmbeddingContext) every token's hidden state after the final norm
         instead, float32 (n_tokens, n_embd): what llama.cpp pools into embeddings (t_embd)."""
 
+    def recurrent_rows(self, hp: HParams):
+        """What the family's recurrent layers keep per sequence (a recurrent.RecurrentRows:
+        the model's memory is then a HybridCache), or None: attention layers only."""
+        return None
+
     def max_positions(self, hp: HParams) -> int | None:
         """The most positions a sequence may have (a table of absolute position embeddings has
         a row per position); None: no limit but the context."""
         return None
+
+    def kv_shape(self, hp: HParams, il: int) -> tuple[int, int, int]:
+        """What layer il's cache keeps per cell: (n_head_kv, head_dim_k, head_dim_v)
+        (llama_hparams::n_embd_k_gqa(il) / n_embd_v_gqa(il) by heads)."""
+        return hp.n_head_kv, hp.head_dim_k, hp.head_dim_v
+
+    def kv_source(self, hp: HParams, il: int) -> int:
+        """The layer whose K and V rows layer il attends over: il itself, or an earlier layer
+        whose cache it reuses, storing none of its own (llama_kv_cache's layer_reuse_cb)."""
+        return il
 
 
 # ----------------------------------------------------------------------------- loading weights
@@ -238,6 +254,7 @@ class Transformer(Architecture):
             bk=opt("attn_k.bias", kv_out),
             bv=opt("attn_v.bias", v_out),
             bo=opt("attn_output.bias", e),
+            sinks=opt("attn_sinks.weight", hp.n_head),
             q_norm=self._qk_norm(t, "attn_q_norm.weight", hp.head_dim_k, q_out),
             k_norm=self._qk_norm(t, "attn_k_norm.weight", hp.head_dim_k, kv_out),
             post_attn_norm=opt("post_attention_norm.weight", e),
@@ -321,10 +338,11 @@ class Transformer(Architecture):
         if rope is not None:
             q = be.rope(q, ctx.positions, rope)
             k = be.rope(k, ctx.positions, rope)
-        softcap = hp.attn_logit_softcap
+        # (a family that builds its own layers may have no sinks field)
+        softcap, sinks = hp.attn_logit_softcap, getattr(L, "sinks", None)
         if self.scale_q_first:
-            return ctx.attend(il, be.scale(q, hp.kq_scale), k, v, 1.0, softcap)
-        return ctx.attend(il, q, k, v, hp.kq_scale, softcap)
+            return ctx.attend(il, be.scale(q, hp.kq_scale), k, v, 1.0, softcap, sinks)
+        return ctx.attend(il, q, k, v, hp.kq_scale, softcap, sinks)
 
     def project_qkv(self, ctx, il: int, L, h):
         """(q, k, v) as (n, heads, head_dim), biases added and Q/K norms applied."""

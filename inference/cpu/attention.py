@@ -2,9 +2,10 @@
 
 - `attention`: softmax(q·kᵀ·scale + mask)·v with grouped-query heads (query head `h` reads KV
   head `h // (n_head / n_head_kv)`, like ggml's mul_mat broadcasting), q·k soft-capped first
-  when asked (Gemma 2). A few query tokens (decoding) go through one fused numba kernel that
-  reads an f16 cache's bits directly and skips masked cells; more (a prompt) through the GEMM, a
-  chunk of query rows at a time over only the cells the chunk can see.
+  when asked (Gemma 2), each head's attention sink (gpt-oss: a logit that joins the softmax's
+  denominator, weighing no value) when given. A few query tokens (decoding) go through one fused
+  numba kernel that reads an f16 cache's bits directly and skips masked cells; more (a prompt)
+  through the GEMM, a chunk of query rows at a time over only the cells the chunk can see.
 - `visible_cells`: each token's visible cells in position order, for the fused kernel.
 - `build_kq_mask`: llama.cpp's KQ mask (0 or -inf) from the cells' positions and sequences:
   a key is visible when its cell belongs to the token's first sequence, its position is not after
@@ -22,7 +23,8 @@ from ..memory import ATTENTION_SCORE_FLOATS
 from ..quants.fp16 import HAS_HW_FP16
 from .matmul import PARALLEL_MIN_FLOPS
 from .matmul_kernels import gemm_nn_f32
-from .ops import F16_TO_F32, _softcapped, exp_f32, f16_bits_to_f32, softmax_masked_inplace
+from .ops import (F16_TO_F32, NO_SINKS, _softcapped, exp_f32, f16_bits_to_f32,
+                  softmax_masked_inplace)
 from .simd import (prefetch, threads_get, threads_set, vadd, vbcast, vf16, vfma, vhmax, vload, vmax,
                    vmul, vreduce16, vstore, vsum, vzero)
 
@@ -40,7 +42,8 @@ _ATTN_SCORE_BUDGET = ATTENTION_SCORE_FLOATS
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
               scale: float, softcap: float = 0.0,
-              cells: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+              cells: tuple[np.ndarray, np.ndarray] | None = None,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """q (n, n_head, d_k) float32; k (n_kv, n_head_kv, d_k), v (n_kv, n_head_kv, d_v) as float32
     or as fp16 bit patterns (uint16, the f16 KV cache's storage); mask (n, n_kv); softcap > 0:
     the scores q·k are soft-capped to (-softcap, softcap) before the scale (Gemma 2). cells:
@@ -49,7 +52,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     where the cache put its cells), and the per-token kernel for any number of tokens; the mask
     is then llama.cpp's KQ mask, 0 on every visible cell, and is not read again. Default: the
     mask's cells (any finite value added to the scores), in cell order, and the per-token
-    kernel up to ATTN_FUSED_MAX_TOKENS tokens.
+    kernel up to ATTN_FUSED_MAX_TOKENS tokens. sinks: float32 (n_head,), each head's sink
+    logit (ggml_soft_max_add_sinks: it joins the maximum and the denominator), or None.
     Returns float32 (n, n_head * d_v)."""
     n, n_head, d_k = q.shape
     n_kv, n_head_kv, d_v = v.shape
@@ -62,21 +66,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     v2 = np.ascontiguousarray(v).reshape(n_kv, n_head_kv * d_v)
     q = np.ascontiguousarray(q, dtype=np.float32)
     cap = np.float32(softcap)
+    if sinks is not None and np.shape(sinks) != (n_head,):
+        raise ValueError(f"attention: sinks of shape {np.shape(sinks)} for {n_head} heads")
+    # a writable copy (a model's are read-only file views), as NO_SINKS: one compiled signature
+    sinks = NO_SINKS if sinks is None else np.array(sinks, dtype=np.float32)
     if n <= ATTN_FUSED_MAX_TOKENS or cells is not None:
         out = np.empty((n, n_head, d_v), np.float32)
         # the vector kernel needs whole 16-value head slices, and for an f16 cache the CPU's
         # fp16 loads (F16C on x86; without it LLVM would call a helper numba does not link)
         if d_k % 16 or d_v % 16 or (k2.dtype == np.uint16 and not HAS_HW_FP16):
-            _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), cap, out)
+            _attention_rows(q, k2, v2, F16_TO_F32, mask, np.float32(scale), cap, sinks, out)
         else:
             visible, counts = cells if cells is not None else visible_cells(mask)
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask, visible,
-                              counts, np.float32(scale), cap, ATTN_DECODE_CELLS, out,
+                              counts, np.float32(scale), cap, sinks, ATTN_DECODE_CELLS, out,
                               n * n_kv * n_head * (d_k + d_v) < 1 << 16, cells is None)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
-        return _attention_numpy(q, k2, v2, mask, scale, cap, d_k, d_v)
-    return _attention_gemm(q, k2, v2, mask, scale, cap, d_k, d_v)
+        return _attention_numpy(q, k2, v2, mask, scale, cap, sinks, d_k, d_v)
+    return _attention_gemm(q, k2, v2, mask, scale, cap, sinks, d_k, d_v)
 
 
 def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
@@ -94,7 +102,7 @@ def _query_chunks(mask: np.ndarray, rows_per_token: int, align: int):
         yield t0, t1, lo // align * align, min(n_pad, -(-hi // align) * align)
 
 
-def _attention_gemm(q, k2, v2, mask, scale, softcap, d_k, d_v):
+def _attention_gemm(q, k2, v2, mask, scale, softcap, sinks, d_k, d_v):
     """A prompt's attention through the numba GEMM (both matrix products use every thread).
     K and V are converted once to float32 per KV head, K transposed (d_k, cell) and V as rows
     (cell, d_v), so that both products are `x @ w` with the broadcast kernel; cells are
@@ -119,14 +127,15 @@ def _attention_gemm(q, k2, v2, mask, scale, softcap, d_k, d_v):
                 grp * m, d_k)
             s = np.empty((grp * m, hi - lo), np.float32)
             gemm_nn_f32(qh, kt[g], lo, s, 2 * s.size * d_k < PARALLEL_MIN_FLOPS)
-            softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale, softcap)
+            softmax_masked_inplace(s.reshape(grp, m, hi - lo), chunk_mask, scale, softcap,
+                                   sinks[g * grp:(g + 1) * grp] if sinks.size else None)
             o = np.empty((grp * m, d_v), np.float32)
             gemm_nn_f32(s, vf[g, lo:hi], 0, o, 2 * o.size * (hi - lo) < PARALLEL_MIN_FLOPS)
             out[t0:t1, g * grp:(g + 1) * grp] = o.reshape(grp, m, d_v).transpose(1, 0, 2)
     return out.reshape(n, n_head * d_v)
 
 
-def _attention_numpy(q, k2, v2, mask, scale, softcap, d_k, d_v):
+def _attention_numpy(q, k2, v2, mask, scale, softcap, sinks, d_k, d_v):
     """The batch path for head sizes that are not whole 16-lane vectors: numpy matmuls."""
     n, n_head, _ = q.shape
     n_kv = mask.shape[1]
@@ -143,7 +152,7 @@ def _attention_numpy(q, k2, v2, mask, scale, softcap, d_k, d_v):
             n_head_kv, grp * m, d_k)
         s = np.matmul(qh, kt[:, :, lo:hi])  # (n_head_kv, grp * m, hi - lo)
         softmax_masked_inplace(s.reshape(n_head, m, hi - lo), mask[t0:t1, lo:hi], scale,
-                               softcap)
+                               softcap, sinks if sinks.size else None)
         o = np.matmul(s, vh[:, lo:hi])  # (n_head_kv, grp * m, d_v)
         out[t0:t1] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)
     return out.reshape(n, n_head * d_v)
@@ -356,15 +365,16 @@ def _weighted_rows4(s, r0, nh, span, v, cells, vo, d_v, o, oo):
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
-def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap, piece, out,
-                      serial, additive):
+def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap, sinks, piece,
+                      out, serial, additive):
     # q (n, H, Dk) f32; k (n_kv, Hkv*Dk), v (n_kv, Hkv*Dv) as fp16 bytes (uint8) or f32;
     # out (n, H, Dv). Only the cells a token can see are visited, listed first (in a batch of
     # several sequences each token sees its own sequence's cells alone, scattered over the
     # cache). Work item = (token, KV head, piece of `piece` of those cells): scores, their max m,
     # sum l and the p-weighted V rows o, merged afterwards as exp(m - M)-weighted sums.
     # additive: the mask's values on visible cells are added to the scores (else they are 0,
-    # and the softmax's loops run over contiguous scores alone, vectorized).
+    # and the softmax's loops run over contiguous scores alone, vectorized). sinks (H,) or
+    # empty: join each head's softmax once, when its pieces' sums are final (_normalizer).
     threads = threads_get()
     if serial:
         threads_set(1)
@@ -437,7 +447,7 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                 r += 1
         if n_pieces == 1:  # the only piece: its rows are the result (as the merge gives them)
             for r in range(grp):
-                inv = np.float32(1.0) / part_l[it, r]
+                inv = _normalizer(part_m[it, r], part_l[it, r], sinks, g * grp + r)
                 for c in range(d_v):
                     out[t, g * grp + r, c] = part_o[it, r, c] * inv
     for t in range(n if n_pieces > 1 else 0):  # the pieces merged, on this thread
@@ -457,11 +467,24 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                     total += w * part_l[base + pc, r]
                     for c in range(d_v):
                         out[t, g * grp + r, c] += w * part_o[base + pc, r, c]
-                inv = np.float32(1.0) / total
+                inv = _normalizer(mx, total, sinks, g * grp + r)
                 for c in range(d_v):
                     out[t, g * grp + r, c] *= inv
     if serial:
         threads_set(threads)
+
+
+@numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _normalizer(mx, total, sinks, h):
+    """What head h's exp(score - mx)-weighted V sum is multiplied by: 1 / total, the sum of
+    those weights, or with a sink logit (ggml_soft_max_add_sinks) the same as if the sink had
+    been one more score of no value: the maximum becomes max(mx, sink) and exp(sink - max)
+    joins the sum."""
+    if sinks.size == 0:
+        return np.float32(1.0) / total
+    m = max(mx, sinks[h])
+    rescale = exp_f32(mx - m)
+    return rescale / (total * rescale + exp_f32(sinks[h] - m))
 
 
 def _load(a, i, j, lut):
@@ -476,7 +499,7 @@ def _load_impl(a, i, j, lut):
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
-def _attention_rows(q, k, v, lut, mask, scale, softcap, out):
+def _attention_rows(q, k, v, lut, mask, scale, softcap, sinks, out):
     # q (n, H, D) f32; k (n_kv, Hkv*D), v (n_kv, Hkv*Dv) f32 or fp16 bits; out (n, H, Dv)
     n, n_head, d_k = q.shape
     n_kv = mask.shape[1]
@@ -504,11 +527,15 @@ def _attention_rows(q, k, v, lut, mask, scale, softcap, out):
                 mx = np.float32(-np.inf)
                 for j in range(n_kv):
                     mx = max(mx, s[r, j])
+                if sinks.size:
+                    mx = max(mx, sinks[h0 + r])
                 total = 0.0
                 for j in range(n_kv):
                     e = exp_f32(s[r, j] - mx)
                     s[r, j] = e
                     total += np.float64(e)
+                if sinks.size:
+                    total += np.float64(exp_f32(sinks[h0 + r] - mx))
                 inv = np.float32(1.0 / total)
                 for j in range(n_kv):
                     s[r, j] *= inv

@@ -15,7 +15,7 @@ import numpy as np
 from ..backend import Backend, KQMask, QExperts, QWeight
 from ..gguf import release_pages
 from ..rope import RopeSpec
-from . import attention, ops
+from . import attention, delta_net, ops
 from .matmul import embedding_rows, matmul, matmul_id, packed_product, packed_weight
 from .matmul_packed import fuse
 
@@ -223,26 +223,31 @@ class CPUBackend(Backend):
         return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask,
-                  scale: float, softcap: float = 0.0) -> np.ndarray:
+                  scale: float, softcap: float = 0.0, sinks=None) -> np.ndarray:
         """softmax(q·kᵀ·scale + mask)·v with grouped KV heads: (n, n_head * head_dim_v).
         k and v come from the cache (float32, or uint16 fp16 bit patterns) or from the batch
-        itself (float32)."""
+        itself (float32); sinks: each head's sink logit, or None."""
         q = np.asarray(q, dtype=np.float32)
         if not isinstance(mask, KQMask):
-            return attention.attention(q, k, v, mask, scale, softcap)
+            return attention.attention(q, k, v, mask, scale, softcap, sinks=sinks)
         if len(q) <= attention.ATTN_FUSED_MAX_TOKENS:
-            return attention.attention(q, k, v, mask.dense(), scale, softcap, cells=mask.cells())
-        out = attention.attention(q, k, v, mask.dense(), scale, softcap)
+            return attention.attention(q, k, v, mask.dense(), scale, softcap, cells=mask.cells(),
+                                       sinks=sinks)
+        out = attention.attention(q, k, v, mask.dense(), scale, softcap, sinks=sinks)
         if 0 < mask.ctx.out_rows.size < len(q):
             rows, cells = mask.sampled()
             # rows whose logits are sampled take the per-token kernel in any batch, so that a
             # token's logits are the same whether its prompt came with others, alone or cached
             out[rows] = attention.attention(np.ascontiguousarray(q[rows]), k, v, mask.dense()[rows],
-                                      scale, softcap, cells=cells)
+                                            scale, softcap, cells=cells, sinks=sinks)
         return out
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.swiglu(gate, up)
+
+    def swiglu_oai(self, gate: np.ndarray, up: np.ndarray, alpha: float,
+                   limit: float) -> np.ndarray:
+        return ops.swiglu_oai(gate, up, alpha, limit)
 
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return ops.geglu(gate, up)
@@ -255,6 +260,12 @@ class CPUBackend(Backend):
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return np.multiply(x, np.float32(s), dtype=np.float32)
+
+    def ssm_conv(self, state: np.ndarray, x: np.ndarray, w: np.ndarray):
+        return delta_net.ssm_conv(state, x, w)
+
+    def gated_delta_net(self, q, k, v, g, beta, state: np.ndarray) -> np.ndarray:
+        return delta_net.gated_delta_net(q, k, v, g, beta, state)
 
     def __repr__(self):
         return f"CPUBackend(threads={numba.get_num_threads()})"

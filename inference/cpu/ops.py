@@ -9,12 +9,14 @@
   left as they are.
 - `softmax_masked_inplace`: ggml_soft_max_ext: `x * scale + mask`, max, `exp` (ggml's vector
   expf, `exp_f32`), sums in float64; with a soft-cap, `x` is first `tanh(x / cap) * cap`
-  (llama.cpp's attn_soft_cap graph: ggml_scale, ggml_tanh, ggml_scale).
+  (llama.cpp's attn_soft_cap graph: ggml_scale, ggml_tanh, ggml_scale); attention sinks (one
+  logit per head) join the maximum and the sum as ggml_soft_max_add_sinks has them.
 - `layer_norm`: ggml_compute_forward_norm_f32 (the mean and the variance summed in float64 like
   `ggml_float`, the rest in float32) then ggml_mul and ggml_add: `(x - mean) / sqrt(var + eps)
   * w + b` (BERT's norms).
-- `swiglu`: `silu(g) * u`; `geglu`: `gelu_tanh(g) * u` looked up in ggml's fp16 GELU table
-  (input rounded to fp16, table values fp16), exact beyond ±10 like ggml_vec_geglu_f32;
+- `swiglu`: `silu(g) * u`; `swiglu_oai`: gpt-oss's clamped form; `geglu`: `gelu_tanh(g) * u`
+  looked up in ggml's fp16 GELU table (input rounded to fp16, table values fp16), exact beyond
+  ±10 like ggml_vec_geglu_f32;
   `gelu`: the same table on its own (ggml_vec_gelu_f32, BERT's FFN).
 - f16 and Q8_0 row conversions for the KV cache (Q8_0 with `roundf`, as quantize_row_q8_0_ref).
 
@@ -264,8 +266,9 @@ def _softcapped(x, softcap):
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"},
             error_model="numpy")
-def _softmax_masked(s, mask, scale, softcap):
-    # s: (B, n, n_kv) scores, mask: (n, n_kv); rows in parallel (a prompt's chunk has hundreds)
+def _softmax_masked(s, mask, scale, softcap, sinks):
+    # s: (B, n, n_kv) scores, mask: (n, n_kv); rows in parallel (a prompt's chunk has hundreds);
+    # sinks: (B,) logits joining each row's denominator, or empty
     b_count, n, n_kv = s.shape
     for r in numba.prange(b_count * n):
         b = r // n
@@ -275,22 +278,31 @@ def _softmax_masked(s, mask, scale, softcap):
             v = _softcapped(s[b, t, j], softcap) * scale + mask[t, j]
             s[b, t, j] = v
             mx = max(mx, v)
+        if sinks.size:
+            mx = max(mx, sinks[b])
         for j in range(n_kv):
             s[b, t, j] = exp_f32(s[b, t, j] - mx)  # masked cells: exp(-inf) = 0
         total = 0.0
         for j in range(n_kv):
             total += np.float64(s[b, t, j])
+        if sinks.size:
+            total += np.float64(exp_f32(sinks[b] - mx))
         inv = np.float32(1.0 / total)
         for j in range(n_kv):
             s[b, t, j] *= inv
 
 
+NO_SINKS = np.zeros(0, np.float32)  # what the kernels take for "no attention sinks"
+
+
 def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float,
-                           softcap: float = 0.0) -> np.ndarray:
+                           softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Row softmax of `s * scale + mask` over the last axis, in place (s soft-capped first when
-    softcap > 0). s: (B, n, n_kv) float32 C-contiguous, mask: (n, n_kv) float32 (0 or -inf)."""
+    softcap > 0). s: (B, n, n_kv) float32 C-contiguous, mask: (n, n_kv) float32 (0 or -inf).
+    sinks: float32 (B,), one logit per row group (attention head) that joins the softmax's
+    maximum and denominator but weighs no value (ggml_soft_max_add_sinks, gpt-oss)."""
     _softmax_masked(s, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale),
-                    np.float32(softcap))
+                    np.float32(softcap), NO_SINKS if sinks is None else sinks)
     return s
 
 
@@ -325,6 +337,28 @@ def _gated(name: str, kernel, gate: np.ndarray, up: np.ndarray, *tables) -> np.n
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up, float32, same shape (2-D)."""
     return _gated("swiglu", _swiglu, gate, up)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _swiglu_oai(g, u, alpha, limit, out, serial):
+    threads = threads_get()
+    if serial:
+        threads_set(1)
+    n, d = g.shape
+    for r in numba.prange(n):
+        for i in range(d):
+            x = min(g[r, i], limit)
+            y = min(max(u[r, i], -limit), limit)
+            # libm's expf, as ggml's scalar loop
+            out[r, i] = x / (np.float32(1.0) + math.exp(alpha * -x)) * (y + np.float32(1.0))
+    if serial:
+        threads_set(threads)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU (ggml_compute_forward_swiglu_oai_f32): x = min(gate, limit),
+    y = clamp(up, -limit, limit), x · sigmoid(alpha · x) · (y + 1); float32, 2-D."""
+    return _gated("swiglu_oai", _swiglu_oai, gate, up, np.float32(alpha), np.float32(limit))
 
 
 

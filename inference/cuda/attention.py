@@ -12,7 +12,9 @@ step. The number of cells n_kv is read from device memory, not passed as a launc
 that a CUDA graph captured once serves every later step (llama.cpp updates its graphs' kernel
 parameters instead). softcap > 0 soft-caps each score q·k to tanh(q·k / softcap) · softcap
 before the scale (Gemma 2's attention logit soft-capping, as ggml's flash-attention kernels take
-it).
+it). sinks (gpt-oss): one logit per query head that joins the softmax's running maximum and sum
+once the cells are done (ggml's flash attention adds them the same way), weighing no value; an
+empty array when the model has none.
 
 One thread block per (query head, token), as ggml's flash_attn_ext_vec (ggml-cuda/fattn-vec.cuh)
 does for decoding: the cells go by in tiles of one cell per thread. A thread computes its
@@ -79,7 +81,7 @@ def _make_attention_kernel(k_type: str, v_type: str):
 
     @cuda.jit
     def attention_kernel(q, k, v, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
-                         n_kv_buf, scale, softcap, out):
+                         n_kv_buf, scale, softcap, sinks, out):
         q_row = cuda.shared.array(MAX_HEAD_DIM, np.float32)
         p = cuda.shared.array(TILE, np.float32)
         scratch = cuda.shared.array(32, np.float32)
@@ -133,6 +135,12 @@ def _make_attention_kernel(k_type: str, v_type: str):
                         if c < d_v:
                             acc[i] += pj * v_value(v, j0 + jj, g * d_v + c)
             cuda.syncthreads()  # p is rewritten by the next tile
+        if sinks.shape[0] > 0:  # the sink as one more score of no value
+            m_new = max(m, sinks[h])
+            rescale = math.exp(m - m_new) if m != NEG_INF else ZERO
+            total = total * rescale + math.exp(sinks[h] - m_new)
+            for i in range(_SLOTS):
+                acc[i] *= rescale
         for i in range(_SLOTS):
             c = tid + i * TILE
             if c < d_v:
@@ -189,12 +197,13 @@ class CellMask:
 
 
 def attention(q, k: DeviceKV, v: DeviceKV, mask: CellMask, scale: float, out, stream=0,
-              softcap: float = 0.0):
+              softcap: float = 0.0, sinks=None):
     """softmax(q·kᵀ·scale + mask)·v over the mask's cells [0, n_kv) into out.
 
     q: float32 (n_tok, n_head, d_k); k, v: the cache's rows (DeviceKV; on the CPU's cache a
     numpy view `.view(np.uint8)` of its arrays), both of n_head_kv heads; out: float32 (n_tok,
-    n_head, d_v), written. Returns out.
+    n_head, d_v), written; sinks: float32 (n_head,) sink logits, or none (an empty array).
+    Returns out.
     """
     n_tok, n_head, d_k = q.shape
     d_v = out.shape[2]
@@ -225,6 +234,11 @@ def attention(q, k: DeviceKV, v: DeviceKV, mask: CellMask, scale: float, out, st
             or tuple(tok_seq.shape) != (n_tok,) or n_kv > cell_seq.shape[0]:
         raise ValueError(f"attention: q {tuple(q.shape)}, out {tuple(out.shape)}, "
                          f"{tuple(tok_pos.shape)} token positions, {n_kv} cells")
+    if sinks is None:  # the backend passes its own empty device array instead (a CUDA graph
+        sinks = np.zeros(0, np.float32)  # must not capture a copy from the host)
+    elif tuple(sinks.shape) not in ((0,), (n_head,)) or sinks.dtype != np.float32:
+        raise ValueError(f"attention: sinks must be float32 ({n_head},) or empty, got "
+                         f"{sinks.dtype} {tuple(sinks.shape)}")
     if n_kv_buf is None:
         if not n_kv:
             return out
@@ -232,5 +246,6 @@ def attention(q, k: DeviceKV, v: DeviceKV, mask: CellMask, scale: float, out, st
     if n_tok:
         attention_kernel(k.type, v.type)[(n_head, n_tok), TILE, stream](
             q, k.data, v.data, n_head_kv, cell_pos, cell_seq, tok_pos, tok_seq, int(mask.n_swa),
-            n_kv_buf, np.float32(scale), np.float32(softcap), out)
+            n_kv_buf, np.float32(scale), np.float32(softcap), sinks, out)
     return out
+

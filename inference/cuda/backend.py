@@ -36,7 +36,7 @@ from . import attention as attention_kernels
 from .attention import CellMask, DeviceKV
 from . import kv as kv_kernels
 from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
-from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu
+from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu, swiglu_oai
 from .matvec import MAX_TOKENS, matvec
 from .runtime import DeviceRuntime, array_device
 
@@ -183,6 +183,7 @@ class CUDABackend(Backend):
         self._rope_factors: dict = {}
         self._row_ids = None  # 0, 1, ... on the device (dequantizing whole matrices)
         self._gelu = None
+        self._no_sinks = None  # the attention kernel's "no sinks": an empty device array
         self._buffers: _BatchBuffers | None = None
         self._batch = None  # the ForwardContext whose inputs the buffers hold
         self._batch_host: dict[str, np.ndarray] = {}
@@ -272,7 +273,7 @@ class CUDABackend(Backend):
         self._weights.clear()
         self._vectors.clear()
         self._rope_factors.clear()
-        self._buffers = self._batch = self._row_ids = self._gelu = None
+        self._buffers = self._batch = self._row_ids = self._gelu = self._no_sinks = None
         self._batch_host = {}
         self.rt.free_memory()
 
@@ -392,10 +393,11 @@ class CUDABackend(Backend):
                    stream=self.rt.kernel_stream)
         return x
 
-    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0):
+    def attention(self, q, k, v, mask, scale: float, softcap: float = 0.0, sinks=None):
         """softmax(q·kᵀ·scale + mask)·v: over the cache (k, v as DeviceKVStore.read gives them,
         mask a KQMask), or over the batch's own K and V (float32 activations, a dense mask:
-        embeddings without the cache). softcap > 0 soft-caps q·k first. (n, n_head * d_v)."""
+        embeddings without the cache). softcap > 0 soft-caps q·k first; sinks (a `vector`, one
+        logit per head) join the softmax. (n, n_head * d_v)."""
         n, n_head, d_k = q.shape
         if not isinstance(k, DeviceKV):  # the batch's own K and V
             d_v = v.shape[2]
@@ -403,7 +405,7 @@ class CUDABackend(Backend):
             bias = self.rt.upload(np.ascontiguousarray(np.asarray(mask), dtype=np.float32))
             self.rt.op(_attention_scores, self.rt.xp, q, k.reshape(k.shape[0], -1),
                        v.reshape(v.shape[0], -1), bias, np.float32(scale), np.float32(softcap),
-                       k.shape[1], out)
+                       k.shape[1], out, sinks)
             return out.reshape(n, n_head * d_v)
         if not isinstance(mask, KQMask):
             raise TypeError("CUDABackend.attention over the cache takes a KQMask (the cells' "
@@ -413,12 +415,16 @@ class CUDABackend(Backend):
         out = self._empty((n, n_head, v.head_dim))
         b = self._buffers
         if n <= MAX_TOKENS:
+            if sinks is None:
+                if self._no_sinks is None:
+                    self._no_sinks = self.rt.upload(np.zeros(0, np.float32))
+                sinks = self._no_sinks
             cells = CellMask(b.cell_pos, b.cell_seq, b.positions[:n], b.seq_first[:n], mask.n_swa,
                              n_kv=b.n_kv)
             self.rt.op(attention_kernels.attention, q, k, v, cells, scale, out,
-                       stream=self.rt.kernel_stream, softcap=softcap)
+                       stream=self.rt.kernel_stream, softcap=softcap, sinks=sinks)
         else:
-            self._attention_gemm(q, k, v, mask, scale, softcap, out)
+            self._attention_gemm(q, k, v, mask, scale, softcap, sinks, out)
         return out.reshape(n, n_head * v.head_dim)
 
     def kv_f32(self, kv: DeviceKV, ids, n: int):
@@ -429,7 +435,8 @@ class CUDABackend(Backend):
                        stream=self.rt.kernel_stream)
         return out
 
-    def _attention_gemm(self, q, k: DeviceKV, v: DeviceKV, mask: KQMask, scale, softcap, out):
+    def _attention_gemm(self, q, k: DeviceKV, v: DeviceKV, mask: KQMask, scale, softcap, sinks,
+                        out):
         """A prompt's attention: K and V of cells [0, n_kv) dequantized to float32, then per
         chunk of query tokens scores = q·kᵀ (one batched GEMM per KV head group), the mask built
         from the cells' positions and sequences, softmax, and the GEMM with V (ggml's
@@ -444,11 +451,16 @@ class CUDABackend(Backend):
             t1 = min(n, t0 + step)
             self.rt.op(_attention_chunk, self.rt.xp, q[t0:t1], kf, vf, b.cell_pos[:n_kv],
                        b.cell_seq[:n_kv], b.positions[t0:t1], b.seq_first[t0:t1], mask.n_swa,
-                       np.float32(scale), np.float32(softcap), n_head_kv, out[t0:t1])
+                       np.float32(scale), np.float32(softcap), n_head_kv, out[t0:t1], sinks)
 
     def swiglu(self, gate, up):
         out = self._empty(gate.shape)
         self.rt.op(swiglu, gate, up, out, stream=self.rt.kernel_stream)
+        return out
+
+    def swiglu_oai(self, gate, up, alpha: float, limit: float):
+        out = self._empty(gate.shape)
+        self.rt.op(swiglu_oai, gate, up, alpha, limit, out, stream=self.rt.kernel_stream)
         return out
 
     def geglu(self, gate, up):
@@ -484,7 +496,7 @@ class CUDABackend(Backend):
 
 
 def _attention_chunk(xp, q, kf, vf, cell_pos, cell_seq, tok_pos, tok_seq, n_swa, scale,
-                     softcap, n_head_kv, out):
+                     softcap, n_head_kv, out, sinks=None):
     """Attention of the query tokens q (m, n_head, d_k) over float32 K and V of the cache's
     cells (n_kv, n_head_kv * d) into out (m, n_head, d_v), the mask built from the cells'
     positions and sequences (cpu.attention.build_kq_mask), with array module xp (CuPy, or numpy
@@ -494,13 +506,15 @@ def _attention_chunk(xp, q, kf, vf, cell_pos, cell_seq, tok_pos, tok_seq, n_swa,
     if n_swa > 0:
         visible &= (tok_pos[:, None] - cell_pos[None, :]) < n_swa
     bias = xp.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
-    _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out)
+    _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out, sinks)
 
 
-def _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out):
+def _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out, sinks=None):
     """softmax(softcap(q·kᵀ)·scale + bias)·v: q (m, n_head, d_k), kf (n_kv, n_head_kv * d_k),
     vf (n_kv, n_head_kv * d_v) float32, bias (m, n_kv) of 0 / -inf; one batched GEMM per KV
-    head group for the scores and one for the values (ggml's mul_mat, soft_max_ext, mul_mat)."""
+    head group for the scores and one for the values (ggml's mul_mat, soft_max_ext, mul_mat).
+    sinks (n_head,) or None: each head's sink logit joins its rows' maximum and sum
+    (ggml_soft_max_add_sinks)."""
     m, n_head, d_k = q.shape
     n_kv = kf.shape[0]
     d_v = vf.shape[1] // n_head_kv
@@ -514,9 +528,16 @@ def _attention_scores(xp, q, kf, vf, bias, scale, softcap, n_head_kv, out):
         s *= softcap
     s *= scale
     s += bias
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    if sinks is None:
+        s -= s.max(axis=-1, keepdims=True)
+        xp.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+    else:
+        sink = sinks.reshape(n_head_kv, grp, 1, 1)
+        mx = xp.maximum(s.max(axis=-1, keepdims=True), sink)
+        s -= mx
+        xp.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True) + xp.exp(sink - mx)
     vh = vf.reshape(n_kv, n_head_kv, d_v).transpose(1, 0, 2)
     o = xp.matmul(s.reshape(n_head_kv, grp * m, n_kv), vh)
     out[...] = o.reshape(n_head_kv, grp, m, d_v).transpose(2, 0, 1, 3).reshape(m, n_head, d_v)

@@ -11,7 +11,8 @@ Each kernel computes what its CPU twin in `llamatui.inference.cpu.ops` computes,
   own (`mul_rn`): NVVM would fuse them into FMAs, which the CPU never does, and a fused mix moves
   a far position's angle by one rounding of the angle (about 1e-3 radians at position 30000).
   The simulator computes in numpy, which never fuses: only a GPU shows the difference.
-- `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu).
+- `swiglu`: silu(g) * u (ggml-cuda/unary.cu swiglu); `swiglu_oai`: gpt-oss's clamped form
+  (unary.cu swiglu_oai_kernel).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit cpu.ops.geglu.
 - `argmax`: the index of each row's largest value, the first one on ties like numpy
@@ -152,6 +153,20 @@ def swiglu_kernel(g, u, out):
 
 
 @cuda.jit
+def swiglu_oai_kernel(g, u, alpha, limit, out):
+    """x = min(g, limit), y = clamp(u, -limit, limit): out = x / (1 + exp(-alpha x)) * (y + 1),
+    one thread per value (cpu.ops._swiglu_oai)."""
+    k = cuda.grid(1)
+    d = g.shape[1]
+    if k < g.shape[0] * d:
+        r = k // d
+        i = k % d
+        x = min(g[r, i], limit)
+        y = min(max(u[r, i], -limit), limit)
+        out[r, i] = x / (ONE + math.exp(alpha * -x)) * (y + ONE)
+
+
+@cuda.jit
 def geglu_kernel(g, u, table, out):
     """out = table[fp16(g)] * u, 0 for g <= -10 and g * u for g >= 10 (cpu.ops._geglu_table)."""
     k = cuda.grid(1)
@@ -182,6 +197,12 @@ def _gated(name, kernel, gate, up, out, stream, *tables):
 def swiglu(gate, up, out, stream=0):
     """silu(gate) * up into out; float32 (n, d). Returns out."""
     return _gated("swiglu", swiglu_kernel, gate, up, out, stream)
+
+
+def swiglu_oai(gate, up, alpha, limit, out, stream=0):
+    """gpt-oss's clamped SwiGLU of gate and up into out; float32 (n, d). Returns out."""
+    return _gated("swiglu_oai", swiglu_oai_kernel, gate, up, out, stream, np.float32(alpha),
+                  np.float32(limit))
 
 
 GELU_TABLE = GELU_F16_TABLE  # host copy of ggml's fp16 GELU table; the backend uploads it once
