@@ -32,6 +32,7 @@ _EXPORTS = {
     "ToolPlan": "chat.tool_calls", "ReplyStream": "chat.tool_calls",
     "tool_call_family": "chat.tool_calls:family_of",
     "reasoning_style": "chat.reasoning", "ReasoningBudget": "chat.reasoning",
+    "REASONING_FORMATS": "chat.reasoning",
     "reply_stream": "chat.replies", "harmony_messages": "chat.harmony",
     # files, tokens, measurements
     "GGUFError": "gguf", "GGUFFile": "gguf", "GGUFWriter": "gguf", "GGUFValueType": "gguf",

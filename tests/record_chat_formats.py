@@ -1,5 +1,6 @@
 """Records what llama.cpp's common/chat.cpp makes of the 2026 families' chats into
-tests/golden/llama_cpp_chat_formats.json: gpt-oss (Harmony), Qwen 3.5 and Gemma 4.
+tests/golden/llama_cpp_chat_formats.json: gpt-oss (Harmony), Qwen 3.5 and Gemma 4 (its thought
+channel and tool calls).
 
     python tests/record_chat_formats.py /tmp/llama_chat
 
@@ -66,6 +67,22 @@ QWEN_CALLS = [
     "</parameter>\n</function>\n</tool_call>",
 ]
 GEMMA_OUTPUTS = ["<|channel>thought\nThe user greets.<channel|>Hello there!", "Plain answer."]
+GEMMA_CALLS = [
+    "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
+    "<|channel>thought\nThe user wants weather.<channel|>Let me check."
+    "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|>",
+    "<|tool_call>call:get_weather{city:<|\"|>He said \"hi\", then \\\"bye\\\"\n<|\"|>,"
+    "days:-2.5e1,extra:{units:[<|\"|>metric<|\"|>,true,null,{deep:{}}],note:<|\"|>{\"a\": [1]}<|\"|>}}"
+    "<tool_call|>",
+    "<|channel>thought\nNo tool needed.<channel|>It is sunny.",
+    "Sure.<channel|>dropped<|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>}<tool_call|>",
+]
+GEMMA_TWO_CALLS = [
+    "<|channel>thought\nTwo cities.<channel|><|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}"
+    "<tool_call|><|tool_call>call:get_weather{city:<|\"|>Rome<|\"|>,days:3}<tool_call|>",
+    "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"
+    "<|tool_call>call:get_time{city:<|\"|>Rome<|\"|>}<tool_call|>",
+]
 
 CASES = [
     {"name": "gpt-oss plain", "template": GPT_OSS, "messages": ASK,
@@ -103,6 +120,18 @@ CASES = [
      "enable_thinking": False, "outputs": GEMMA_OUTPUTS[1:]},
     {"name": "gemma4 reasoning none", "template": GEMMA4, "messages": HISTORY,
      "reasoning_format": "none", "outputs": GEMMA_OUTPUTS[:1]},
+    {"name": "gemma4 tools", "template": GEMMA4, "messages": ASK, "tools": WEATHER,
+     "outputs": GEMMA_CALLS},
+    {"name": "gemma4 tools parallel", "template": GEMMA4, "messages": ASK, "tools": WEATHER,
+     "parallel_tool_calls": True, "outputs": GEMMA_TWO_CALLS},
+    {"name": "gemma4 tools one call at a time", "template": GEMMA4, "messages": ASK,
+     "tools": WEATHER, "outputs": GEMMA_TWO_CALLS[:1]},
+    {"name": "gemma4 tools reasoning none", "template": GEMMA4, "messages": ASK,
+     "tools": WEATHER, "reasoning_format": "none", "outputs": GEMMA_CALLS[1:2]},
+    {"name": "gemma4 tools no thinking", "template": GEMMA4, "messages": ASK,
+     "tools": WEATHER, "enable_thinking": False, "outputs": GEMMA_CALLS[:1]},
+    {"name": "gemma4 tool result", "template": GEMMA4, "messages": CALLED, "tools": WEATHER,
+     "outputs": ["<|channel>thought\nIt is sunny.<channel|>Sunny in Paris."]},
 ]
 
 

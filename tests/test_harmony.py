@@ -32,7 +32,8 @@ def _source(case) -> str:
 
 
 def _plan(case) -> ToolPlan:
-    return ToolPlan(family_of(_source(case), False), case.get("tools") or [], "auto", False)
+    return ToolPlan(family_of(_source(case), False), case.get("tools") or [], "auto",
+                    case.get("parallel_tool_calls", False))
 
 
 def _render(case) -> str:

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from llamatui.inference.chat.reasoning import GEMMA4, THINK, ReasoningBudget
+from llamatui.inference.chat.replies import reply_stream
 from llamatui.inference.chat.tool_calls import ReplyStream
 
 from server_helpers import serve
@@ -65,7 +66,7 @@ def test_a_later_start_tag_rearms_the_budget():
 
 
 def test_gemma4_thought_channel_is_reasoning_wherever_it_comes():
-    reply = ReplyStream(None, True, False, GEMMA4)
+    reply = reply_stream(GEMMA4, None, "auto", "")
     pieces = ["<|channel>", "thought", "\n", "Think", ".", "<channel|>", "Hi", "!",
               "<|channel>", "thought", "\n", "More", "<channel|>"]
     deltas = [d for p in pieces for d in reply.feed(p)] + reply.finish()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from .tool_calls import ToolCall, ToolPlan, _partial_suffix
+from .tool_calls import ReplyText, ToolCall, ToolPlan, _partial_suffix
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 ANALYSIS_OPEN = CHANNEL + "analysis" + MESSAGE  # llama.cpp's thinking_start_tag for gpt-oss
@@ -58,7 +58,7 @@ def harmony_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-class HarmonyStream:
+class HarmonyStream(ReplyText):
     """One choice's gpt-oss reply turned into OpenAI chat deltas as its text arrives (the
     interface of tool_calls.ReplyStream: feed, finish, message, calls)."""
 
@@ -148,15 +148,6 @@ class HarmonyStream:
             return [{"tool_calls": [{"index": len(self.calls) - 1,
                                      "function": {"arguments": text}}]}]
         return self._out("reasoning_content" if self.kind == "reasoning" else "content", text)
-
-    def _out(self, key: str, text: str) -> list[dict]:
-        if not text:
-            return []
-        if key == "content":
-            self.content += text
-        else:
-            self.thought += text
-        return [{key: text}]
 
     # ------------------------------------------------------------------ the end
 

@@ -8,8 +8,9 @@ then the differential autoparser) and hands it to the server as the chat params'
 - harmony (gpt-oss, `<|channel|>` in the template): `<|channel|>analysis<|message|>` ... `<|end|>`
   (common/parsers/gpt-oss.cpp; the reply is read by chat.harmony);
 - gemma4 (`<|channel>` in the template): `<|channel>thought` ... `<channel|>`, and a thought
-  block may follow content again (common/parsers/gemma4.cpp); its markers are control tokens,
-  which the reply shows only because they are preserved;
+  block may follow content again (common/parsers/gemma4.cpp; the reply is read by
+  chat.gemma4); its markers are control tokens, which the reply shows only because they are
+  preserved;
 - qwen3-coder (Qwen 3.5, Qwen3-Coder, Nemotron Nano 3: `<tool_call>` with `<function=` and
   `<parameter=`): `<think>` ... `</think>`, the budget forcing "\\n</think>"
   (common/parsers/qwen3-coder.cpp);
@@ -22,6 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# llama-server's --reasoning-format / `reasoning_format` values (common_reasoning_format_from_name).
+# Every one but "none" splits reasoning out of the content: llama.cpp 11434's parsers test only
+# `!= NONE`, so "deepseek-legacy" reads as "deepseek" (the server sets reasoning_in_content for
+# it, but no parser reads that flag).
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+
 
 @dataclass(frozen=True)
 class ReasoningStyle:
@@ -30,7 +37,6 @@ class ReasoningStyle:
     end_tags: tuple[str, ...]  # the tags that close it; the first is what a budget forces
     preserved: tuple[str, ...] = ()  # token texts the reply shows even when they are control
     trim: bool = True
-    again: bool = False  # a thinking block may come after content (Gemma 4)
     call_ends: str | None = None  # a tool call's opening tag that also ends thinking
 
     @property
@@ -45,7 +51,7 @@ QWEN3_CODER = ReasoningStyle("qwen3-coder", "<think>", ("\n</think>", "</think>"
                             call_ends="<tool_call>")
 GEMMA4 = ReasoningStyle("gemma4", "<|channel>thought", ("<channel|>",),
                         ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>"),
-                        trim=False, again=True)
+                        trim=False)
 HARMONY = ReasoningStyle("harmony", "<|channel|>analysis<|message|>", ("<|end|>",),
                          ("<|channel|>", "<|constrain|>", "<|message|>", "<|start|>", "<|end|>"),
                          trim=False)

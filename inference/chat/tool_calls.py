@@ -15,6 +15,7 @@ One small `Family` per format, in `FAMILIES` (first match wins; generic last):
 - llama3: Llama 3.1-3.3 JSON calls: `{"name": ..., "parameters": {...}}` (after `<|python_tag|>`),
   and Llama 3.1's built-in tool calls `<|python_tag|>brave_search.call(query="...")`
 - mistral: Mistral Nemo / Small: `[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]`
+- gemma4: Gemma 4: `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:2}<tool_call|>` (chat.gemma4)
 - generic: any other template: `{"tool_call": {"name": ..., "arguments": ...}}` (or
   `{"tool_calls": [...]}` with parallel calls), `{"response": "..."}` for a plain answer; the
   whole reply is constrained by this JSON schema, as llama.cpp's generic format does.
@@ -274,10 +275,26 @@ def _parse_harmony(text: str):
     return stream.content.strip(), stream.calls
 
 
+def _parse_gemma4(text: str, tools: list[dict]):
+    from .gemma4 import Gemma4Stream  # gemma4 builds on this module
+    stream = Gemma4Stream(ToolPlan(family_named("gemma4"), tools, "auto", True), True)
+    stream.feed(text)
+    stream.finish()
+    return stream.content, stream.calls
+
+
+def _gemma4_grammar(tools: list[dict], parallel: bool, required: bool) -> str:
+    from .gemma4 import grammar
+    return grammar(tools, parallel, required)
+
+
 FAMILIES: list[Family] = [
     Family("harmony", lambda src: "<|channel|>" in src and
            "chat_format=llm-jp-harmony-v1" not in src, None, _parse_harmony, None,
            unconstrained=True),
+    # read by its own stream (chat.gemma4), which knows its thought channels
+    Family("gemma4", lambda src: "'<|tool_call>call:'" in src, None, _parse_gemma4,
+           _gemma4_grammar, typed_args=True),
     Family("qwen3_coder", lambda src: "<tool_call>" in src and "<function=" in src and
            "<parameter=" in src and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in src,
            "<tool_call>", _parse_xml_calls, _xml_grammar, typed_args=True),
@@ -533,9 +550,26 @@ class _CallScanner:
         return i + 1
 
 
-class ReplyStream:
+class ReplyText:
+    """What a reply reader has passed on so far, the content and the reasoning (`thought`),
+    and the delta that adds text to either: every reader (ReplyStream, chat.harmony's,
+    chat.gemma4's) keeps both for the final message."""
+    content: str
+    thought: str | None
+
+    def _out(self, key: str, text: str) -> list[dict]:
+        if not text:
+            return []
+        if key == "content":
+            self.content += text
+        else:
+            self.thought += text
+        return [{key: text}]
+
+
+class ReplyStream(ReplyText):
     """One choice's reply turned into OpenAI chat deltas as its text arrives: `reasoning_content`
-    while inside <think> (or the style's own tags: Gemma 4's `<|channel>thought`), `content`
+    while inside <think> (or the style's own tags), `content`
     until a tool call may begin, then `tool_calls` deltas as the call is written (the first with
     its index, id, type and name; then its arguments in fragments); what the end's parse finds
     beyond them follows at the end.
@@ -611,24 +645,7 @@ class ReplyStream:
             if not text:
                 return []
             self.after_close = False
-        if self.style.again and self.reasoning and self.plan is None:
-            return self._content_again(text)
         return self._content(text)
-
-    def _content_again(self, text: str) -> list[dict]:
-        """Gemma 4's content: a later thought block is reasoning again, and a lone closing
-        tag is dropped (common/parsers/gemma4.cpp stops content at either)."""
-        text = text.replace(self.close_tag, "")
-        i = text.find(self.open_tag)
-        if i >= 0:
-            self.thinking, self.skip_space = True, True
-            self.thought = self.thought or ""
-            self.pending = text[i + len(self.open_tag):]
-            return self._out("content", text[:i])
-        keep = max(_partial_suffix(text, self.open_tag), _partial_suffix(text, self.close_tag))
-        self.pending = text[len(text) - keep:] if keep else ""
-        self.started = self.started or bool(text.strip())
-        return self._out("content", text[:len(text) - keep])
 
     def _content(self, text: str) -> list[dict]:
         plan = self.plan
@@ -662,15 +679,6 @@ class ReplyStream:
 
     def _scan(self) -> list[dict]:
         return self.scanner.scan(self.held) if self.scanner is not None else []
-
-    def _out(self, key: str, text: str) -> list[dict]:
-        if not text:
-            return []
-        if key == "content":
-            self.content += text
-        else:
-            self.thought += text
-        return [{key: text}]
 
     def finish(self) -> list[dict]:
         """The deltas still owed at the end: held-back text, or the parsed tool calls."""
