@@ -27,6 +27,13 @@ def no_model_load(monkeypatch):
     (["--ctx-shift", "--no-ctx-shift"], "contradict"),
     (["--pooling", "max"], "invalid choice"),
     (["--max-queue", "-1"], "must be at least 0"),
+    (["--chat-template-kwargs", "{enable_thinking: false}"], "must be a JSON object"),
+    (["--chat-template-kwargs", "[1, 2]"], "must be a JSON object"),
+    (["--chat-template-kwargs", "[" * 100_000], "must be a JSON object"),
+    (["--chat-template-kwargs", '{"enable_thinking": "off"}'], "must be true or false"),
+    (["--reasoning", "maybe"], "must be on, off or auto"),
+    (["--reasoning-budget", "-2"], "must be -1 (unlimited), 0"),
+    (["--reasoning-format", "think"], "invalid choice"),
 ])
 def test_bad_flags_exit_2_before_loading(flags, words, capsys, no_model_load):
     assert main(["serve", "-m", MISSING, *flags]) == 2

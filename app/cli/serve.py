@@ -5,6 +5,8 @@ It listens at once and answers 503 "Loading model" until the model is loaded, as
 """
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 import threading
 
@@ -67,6 +69,92 @@ def add_arguments(p):
                    help="requests that may wait for a slot; past it, 503 (default: 64)")
     p.add_argument("--sse-ping-interval", type=int_at_least(1), default=30, metavar="N",
                    help="seconds between keep-alive comments of a quiet stream (default: 30)")
+    add_reasoning_arguments(p)
+
+
+# ----------------------------------------------------------------------------- reasoning
+
+def add_reasoning_arguments(p):
+    """llama-server's reasoning defaults (common/arg.cpp). --chat-template-kwargs, --reasoning
+    and --reasoning-effort all edit one dict of template variables (default_template_kwargs),
+    in command-line order as llama.cpp applies them, so the last flag to set a key wins."""
+    from llamatui.inference import REASONING_FORMATS
+
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                   help="where replies put their thinking: none leaves it in the content, the "
+                        "others put it in reasoning_content (deepseek-legacy as deepseek, as "
+                        "llama.cpp's parsers do) (default: auto)")
+    p.add_argument("-rea", "--reasoning", dest="template_kwargs", type=reasoning_switch,
+                   action=template_kwargs_action(_set_thinking), metavar="on|off|auto",
+                   help="think in chats: sets the template's enable_thinking (default: auto, "
+                        "thinking where the template can)")
+    p.add_argument("--reasoning-effort", dest="template_kwargs",
+                   action=template_kwargs_action(_set_effort), metavar="LEVEL",
+                   help="reasoning_effort given to the template, e.g. low, medium, high; "
+                        "'default' keeps the template's (default: default)")
+    p.add_argument("--chat-template-kwargs", dest="template_kwargs", type=json_object,
+                   action=template_kwargs_action(dict.update), metavar="JSON",
+                   help="more template variables, a JSON object such as "
+                        "'{\"key\": \"value\"}'; a request's own override them")
+    p.add_argument("--reasoning-budget", type=int_at_least(-1, "must be -1 (unlimited), 0 (end "
+                                                               "thinking at once) or more"),
+                   default=-1, metavar="N",
+                   help="token budget for thinking: -1 unlimited, 0 immediate end, N > 0 "
+                        "(default: -1)")
+    p.add_argument("--reasoning-budget-message", default="", metavar="MESSAGE",
+                   help="text put before the end-of-thinking tag when the budget runs out "
+                        "(default: none)")
+
+
+def template_kwargs_action(update):
+    """An argparse action that applies update(kwargs, value) to a copy of the namespace's
+    template variables (so the parser's default is never changed in place)."""
+    class TemplateKwargs(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            kwargs = dict(getattr(namespace, self.dest) or {})
+            update(kwargs, values)
+            setattr(namespace, self.dest, kwargs)
+    return TemplateKwargs
+
+
+def reasoning_switch(text: str) -> bool | None:
+    """-rea's value as llama.cpp reads it (is_truthy / is_falsey / is_autoy): True, False, or
+    None for auto (which leaves enable_thinking as it is)."""
+    for value, words in ((True, ("on", "enabled", "true", "1")),
+                         (False, ("off", "disabled", "false", "0")), (None, ("auto", "-1"))):
+        if text in words:
+            return value
+    raise argparse.ArgumentTypeError(f"must be on, off or auto, got {text}")
+
+
+reasoning_switch.__name__ = "value"
+
+
+def _set_thinking(kwargs: dict, switch: bool | None) -> None:
+    if switch is not None:
+        kwargs["enable_thinking"] = switch
+
+
+def _set_effort(kwargs: dict, level: str) -> None:
+    if level == "default":
+        kwargs.pop("reasoning_effort", None)
+    else:
+        kwargs["reasoning_effort"] = level
+
+
+def json_object(text: str) -> dict:
+    """--chat-template-kwargs: a JSON object (llama.cpp takes its items as template variables)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise argparse.ArgumentTypeError(f"must be a JSON object ({e}), got {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as "
+                                         f"'{{\"key\": \"value\"}}', got {text}")
+    return value
+
+
+json_object.__name__ = "JSON"
 
 
 def api_keys(args) -> tuple[str, ...]:
@@ -93,7 +181,9 @@ def server_config(args):
             host=args.host, port=args.port, api_keys=api_keys(args), cors_origins=origins,
             alias=args.alias, embeddings=args.embeddings, pooling=args.pooling,
             metrics=args.metrics, slots=not args.no_slots, timeout=float(args.timeout),
-            ping_interval=float(args.sse_ping_interval))
+            ping_interval=float(args.sse_ping_interval), reasoning_format=args.reasoning_format,
+            template_kwargs=args.template_kwargs or {}, reasoning_budget=args.reasoning_budget,
+            reasoning_budget_message=args.reasoning_budget_message)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

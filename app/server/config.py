@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from llamatui.inference import POOLINGS
+from llamatui.inference import POOLINGS, REASONING_FORMATS
 
 from .metrics import LoopLagMonitor
 
@@ -24,6 +24,13 @@ class ServerConfig:
     slots: bool = True
     timeout: float = 600.0  # llama-server's read/write timeout (s)
     ping_interval: float = 30.0  # llama-server's --sse-ping-interval (s)
+    # Reasoning defaults (llama-server's --reasoning-format, --reasoning-budget[-message], and
+    # default_template_kwargs from --chat-template-kwargs, --reasoning, --reasoning-effort): a
+    # request's own fields override them (requests.reasoning_options).
+    reasoning_format: str = "auto"
+    template_kwargs: dict = field(default_factory=dict, hash=False)
+    reasoning_budget: int = -1  # thinking tokens before the end is forced; -1: unlimited
+    reasoning_budget_message: str = ""
 
     def __post_init__(self):
         if "*" in self.cors_origins:
@@ -38,6 +45,21 @@ class ServerConfig:
         if self.pooling is not None and self.pooling not in POOLINGS:
             raise ValueError(f"--pooling must be one of {', '.join(POOLINGS)}, "
                              f"not {self.pooling!r}")
+        self._check_reasoning()
+
+    def _check_reasoning(self):
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}, "
+                             f"not {self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget must be -1 (unlimited), 0 or more, not "
+                             f"{self.reasoning_budget}")
+        # llama-server would refuse every chat request instead ("invalid type for
+        # enable_thinking"): refused once, at the start
+        thinking = self.template_kwargs.get("enable_thinking", True)
+        if not isinstance(thinking, bool):
+            raise ValueError("--chat-template-kwargs: enable_thinking must be true or false, not "
+                             f"{thinking!r} (or use --reasoning on|off)")
 
 
 @dataclass

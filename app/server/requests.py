@@ -18,7 +18,9 @@ Reasoning as llama-server takes it (server-common.cpp, oaicompat_chat_params_par
 `chat_template_kwargs` (template variables; a boolean `enable_thinking` among them switches
 thinking), `reasoning_effort` ("none" switches thinking off, another level goes to the template,
 gpt-oss's "Reasoning: high"), `reasoning_budget_tokens` (alias `thinking_budget_tokens`; -1
-unlimited, 0 ends thinking at once) and `reasoning_budget_message`.
+unlimited, 0 ends thinking at once) and `reasoning_budget_message`, over the server's defaults
+(ServerConfig: --reasoning-format, --chat-template-kwargs, --reasoning, --reasoning-effort,
+--reasoning-budget, --reasoning-budget-message).
 
 Limits depend on the loaded model and the slots: `n` ≤ the slots (each choice is a request in a
 slot), `max_tokens` ≤ a slot's context, token ids < the vocabulary.
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llamatui.inference import ConstraintError, ConstraintSpec
+from llamatui.inference import REASONING_FORMATS, ConstraintError, ConstraintSpec
 
+from .config import ServerConfig
 from .errors import invalid
 from .schema import check
 
@@ -126,7 +129,6 @@ RESPONSE_FORMAT = {"anyOf": [{"type": "null"}, {
 # llama-server's own fields, on every generating route
 CONSTRAINT_FIELDS = {"response_format": RESPONSE_FORMAT, "grammar": {"type": ["string", "null"]},
                      "json_schema": {"type": ["object", "null"]}}
-REASONING_FORMATS = ["auto", "deepseek", "none"]  # llama-server's --reasoning-format values
 
 
 def sampling_schema(limits: Limits) -> dict:
@@ -183,11 +185,13 @@ def chat_schema(limits: Limits) -> dict:
 REASONING_BUDGET = {"type": ["integer", "null"], "minimum": -1, "maximum": 2**31 - 1}
 
 
-def reasoning_options(body: dict) -> tuple[dict, int, str]:
+def reasoning_options(body: dict, config: ServerConfig) -> tuple[dict, int, str]:
     """The template variables, reasoning budget and budget message of a checked chat body, as
-    oaicompat_chat_params_parse reads them: `enable_thinking` is true unless the kwargs say
-    false or `reasoning_effort` is "none"; the kwargs reach the template as they are."""
-    kwargs = dict(body.get("chat_template_kwargs") or {})
+    oaicompat_chat_params_parse reads them: the request's kwargs over the server's
+    (config.template_kwargs); `enable_thinking` is true unless the kwargs say false or
+    `reasoning_effort` is "none"; the kwargs reach the template as they are. A budget that is
+    absent, null or -1, or a message that is absent or null, is the server's."""
+    kwargs = {**config.template_kwargs, **(body.get("chat_template_kwargs") or {})}
     enable_thinking = kwargs.get("enable_thinking", True)
     if isinstance(enable_thinking, str):
         raise invalid("chat_template_kwargs", 'invalid type for "enable_thinking" '
@@ -202,8 +206,12 @@ def reasoning_options(body: dict) -> tuple[dict, int, str]:
     budget = body.get("reasoning_budget_tokens")
     if budget is None:
         budget = body.get("thinking_budget_tokens")
-    return ({"enable_thinking": enable_thinking, **kwargs}, -1 if budget is None else budget,
-            body.get("reasoning_budget_message") or "")
+    if budget is None or budget == -1:
+        budget = config.reasoning_budget
+    message = body.get("reasoning_budget_message")
+    if message is None:
+        message = config.reasoning_budget_message
+    return {"enable_thinking": enable_thinking, **kwargs}, budget, message
 
 
 def completions_schema(limits: Limits) -> dict:
@@ -269,7 +277,7 @@ def embeddings_schema(limits: Limits) -> dict:
 
 # ------------------------------------------------------------------------------ jobs
 
-def chat_job(body, limits: Limits) -> Job:
+def chat_job(body, limits: Limits, config: ServerConfig) -> Job:
     body = check(body, chat_schema(limits), "")
     messages = [_flat_message(m) for m in body["messages"]]
     n_probs = 0
@@ -292,9 +300,9 @@ def chat_job(body, limits: Limits) -> Job:
         raise invalid(job.constraint_param, "cannot be combined with tools (llama-server "
                                             "refuses a grammar with tools too)")
     job.parallel_tool_calls = bool(body.get("parallel_tool_calls"))
-    job.reasoning_format = body.get("reasoning_format") or "auto"
+    job.reasoning_format = body.get("reasoning_format") or config.reasoning_format
     job.template_vars, job.reasoning_budget, job.reasoning_budget_message = \
-        reasoning_options(body)
+        reasoning_options(body, config)
     return job
 
 

@@ -73,8 +73,8 @@ def _json_object(body: bytes) -> dict:
 
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    return await _generate(request, rq.chat_job(await read_json(request),
-                                                  state.served.limits), "chat")
+    return await _generate(request, rq.chat_job(await read_json(request), state.served.limits,
+                                                  state.config), "chat")
 
 
 async def completions(request: Request) -> Response:
@@ -435,7 +435,8 @@ async def apply_template(request: Request) -> Response:
     body = check(await read_json(request), rq.apply_template_schema(state.served.limits), "")
     messages = [rq._flat_message(m) for m in body["messages"]]
     job = rq.Job(prompts=[messages], chat=True, sampling={})
-    job.template_vars = rq.reasoning_options(body)[0]  # enable_thinking, chat_template_kwargs
+    # enable_thinking, chat_template_kwargs over the server's
+    job.template_vars = rq.reasoning_options(body, state.config)[0]
     prompt = await state.served.call(_render, state.served.engine, messages, None, job, True)
     return JSONResponse({"prompt": prompt})
 
