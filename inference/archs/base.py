@@ -288,14 +288,21 @@ class Transformer(Architecture):
 
     def forward(self, ctx, w: Weights) -> np.ndarray:
         x = self.embed(ctx, w)
+        per_layer = self.per_layer_inputs(ctx, w, x)
         for il, layer in enumerate(w.layers):
-            x = self.block(ctx, il, layer, ctx.backend(il).take(x))
+            extra = () if per_layer is None else (per_layer[:, il],)
+            x = self.block(ctx, il, layer, ctx.backend(il).take(x), *extra)
             if x is None:  # no row wants logits
                 return np.empty((0, ctx.hp.n_vocab), np.float32)
         if ctx.embeddings:
             be = ctx.backend(ctx.hp.n_layer)
             return be.to_host(self.final_norm(ctx, w, be.take(x)))
         return self.head(ctx, w, x)
+
+    def per_layer_inputs(self, ctx, w: Weights, x):
+        """(n, n_layer, width) inputs each block takes beside the residual stream (Gemma 4's
+        per-layer token embeddings), or None: most families have none."""
+        return None
 
     def embed(self, ctx, w: Weights):
         be = ctx.backend(-1)

@@ -257,19 +257,6 @@ class Gemma4(Transformer):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, ctx, w: Weights) -> np.ndarray:
-        x = self.embed(ctx, w)
-        per_layer = self.per_layer_inputs(ctx, w, x)
-        for il, layer in enumerate(w.layers):
-            pe = None if per_layer is None else per_layer[:, il]
-            x = self.block(ctx, il, layer, ctx.backend(il).take(x), pe)
-            if x is None:  # no row wants logits
-                return np.empty((0, ctx.hp.n_vocab), np.float32)
-        if ctx.embeddings:
-            be = ctx.backend(ctx.hp.n_layer)
-            return be.to_host(self.final_norm(ctx, w, be.take(x)))
-        return self.head(ctx, w, x)
-
     def per_layer_inputs(self, ctx, w: Weights, x):
         """gemma4.cpp's build_inp_per_layer + project_per_layer_inputs: (n, n_layer, n_pe) on
         the input's backend, None for a model without per-layer embeddings."""
