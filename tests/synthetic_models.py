@@ -906,12 +906,18 @@ def typed(value):
 def write_model(name: str, type_name: str, directory) -> pathlib.Path:
     """Writes `<name>-<type>.gguf` for the case `name` (a family or a variant) into `directory`
     (deterministic bytes); returns its path."""
-    from llamatui.inference.quants import quantize
     recipe = CASES[name].recipe(np.random.default_rng(_seed(name)))
     path = pathlib.Path(directory) / f"{name}-{type_name}.gguf"
+    write_recipe(recipe, path, type_name, recipe.label or name)
+    return path
+
+
+def write_recipe(recipe: Recipe, path, type_name: str, label: str) -> None:
+    """Writes `recipe` to `path` with its matrices in `type_name` (deterministic bytes)."""
+    from llamatui.inference.quants import quantize
     w = GGUFWriter(path)
     w.add("general.architecture", recipe.arch)
-    w.add("general.name", f"synthetic {recipe.label or name} {type_name}")
+    w.add("general.name", f"synthetic {label} {type_name}")
     for key, value, vtype in recipe.tokenizer or tokenizer_metadata():
         w.add(key, value, vtype)
     for key, value in recipe.metadata.items():
@@ -927,7 +933,6 @@ def write_model(name: str, type_name: str, directory) -> pathlib.Path:
             rows = array.reshape(-1, array.shape[-1])
             w.add_tensor(name, tensor_type, array.shape, quantize(tensor_type, rows))
     w.write()
-    return path
 
 
 def _seed(name: str) -> int:
