@@ -452,6 +452,12 @@ class RecurrentRows:
     conv: tuple[int, int]
     ssm: tuple[int, int, int]
 
+    @property
+    def bytes_per_sequence(self) -> int:
+        """One sequence's states over every recurrent layer (a checkpoint is one more)."""
+        (c0, c1), (h, sv, sk) = self.conv, self.ssm
+        return 4 * len(self.layers) * (c0 * c1 + h * sv * sk)
+
 
 def _read_sliding_window(meta: Meta, arch: Arch, hp: HParams) -> None:
     """The window and which layers slide, for the families llama.cpp gives sliding-window

@@ -29,11 +29,28 @@ class InsufficientMemoryError(ValueError):
     ValueError: the context asked for is too large for this machine)."""
 
 
-def kv_bytes_per_cell(n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
-                      type_k: str = "f16", type_v: str = "f16") -> float:
-    """Bytes one cell (one token's K and V on every layer) takes in the cache."""
-    return n_layer * n_head_kv * (head_dim_k * CACHE_BYTES_PER_VALUE[type_k]
-                                  + head_dim_v * CACHE_BYTES_PER_VALUE[type_v])
+def kv_cell_values(arch, hp) -> list[tuple[int, int]]:
+    """Per layer, the K and V values one cell of its cache holds (n_head_kv * head_dim_k,
+    n_head_kv * head_dim_v, from the family's kv_shape), (0, 0) for a layer that keeps none:
+    one that attends over an earlier layer's rows (kv_source: Gemma 4's shared KV), a
+    recurrent layer (recurrent_rows: Qwen 3.5's DeltaNet layers), every layer of an encoder.
+    What Model allocates, and what the memory estimates count: one home for both."""
+    recurrent = arch.recurrent_rows(hp)
+    stateful = set(recurrent.layers) if recurrent is not None else set()
+    values = []
+    for il in range(hp.n_layer):
+        if hp.encoder or il in stateful or arch.kv_source(hp, il) != il:
+            values.append((0, 0))
+            continue
+        n_head_kv, head_dim_k, head_dim_v = arch.kv_shape(hp, il)
+        values.append((n_head_kv * head_dim_k, n_head_kv * head_dim_v))
+    return values
+
+
+def kv_cell_bytes(values, type_k: str = "f16", type_v: str = "f16") -> list[float]:
+    """Bytes one cell takes in each layer's cache, from kv_cell_values."""
+    bk, bv = CACHE_BYTES_PER_VALUE[type_k], CACHE_BYTES_PER_VALUE[type_v]
+    return [k * bk + v * bv for k, v in values]
 
 
 def available_bytes() -> int:

@@ -43,7 +43,7 @@ from .config import LoadConfig, config_or_defaults
 from .embedding import POOLINGS, pool
 from .hparams import HParams, ModelMetadataError, read_hparams
 from .kv_cache import KVCache, KVCacheFullError, KVRows
-from .memory import check_kv_fits, kv_bytes_per_cell
+from .memory import check_kv_fits, kv_cell_bytes, kv_cell_values
 
 __all__ = ["Architecture", "Batch", "EmbeddingContext", "EmbeddingOnlyError", "ForwardContext",
            "HParams", "KVCacheFullError", "Model", "ModelMetadataError",
@@ -312,12 +312,9 @@ class Model:
             self.kv_backends[il] = self.kv_backends[src]
         shapes = [arch.kv_shape(hp, il) for il in range(n_cached)]
         recurrent = arch.recurrent_rows(hp)  # a hybrid model's recurrent layers keep no K/V
-        no_rows = set(recurrent.layers) if recurrent is not None else set()
-        host_layers = [il for il in range(n_cached)
-                       if self.kv_source[il] == il and self.kv_backends[il].device is None
-                       and il not in no_rows]
-        check_kv_fits(n_ctx, sum(kv_bytes_per_cell(1, *shapes[il], cache_type_k, cache_type_v)
-                                 for il in host_layers),
+        per_cell = kv_cell_bytes(kv_cell_values(arch, hp), cache_type_k, cache_type_v)
+        check_kv_fits(n_ctx, sum(b for il, b in enumerate(per_cell)
+                                 if self.kv_backends[il].device is None),
                       sum(t.nbytes for t in gguf.tensors.values())
                       - sum(getattr(be, "weight_bytes", 0) for be in self.backends))
         # how each layer rotates Q and K: attention and the cache's position shift share it

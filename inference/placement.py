@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import OffloadError, OffloadOptions
-from .memory import CACHE_BYTES_PER_VALUE
+from .memory import CACHE_BYTES_PER_VALUE, kv_cell_bytes, kv_cell_values
 
 __all__ = ["DEFAULT_MARGIN", "CACHE_BYTES_PER_VALUE", "ModelDims", "OffloadError", "OffloadPlan",
            "Placement", "auto_margin", "cpu_only", "device_work_bytes", "model_sizes",
@@ -261,7 +261,10 @@ def cpu_only(cpu, n_layer: int, note: str = "") -> Placement:
 
 def model_sizes(gguf, hp, n_ctx: int, type_k: str, type_v: str) -> tuple[list, int, list]:
     """(bytes of each repeating layer's tensors, bytes of the output layer (its norm and matrix:
-    the token embedding when tied), KV bytes of each layer for n_ctx cells)."""
+    the token embedding when tied), KV bytes of each layer for n_ctx cells: none for a layer
+    that keeps no K/V, memory.kv_cell_values)."""
+    from .catalog import get_arch
+    arch = get_arch(gguf.metadata.get("general.architecture")).load()
     layer_bytes = [0] * hp.n_layer
     for name, t in gguf.tensors.items():
         if name.startswith("blk."):
@@ -273,9 +276,8 @@ def model_sizes(gguf, hp, n_ctx: int, type_k: str, type_v: str) -> tuple[list, i
                  "output_norm.weight"):
         if name in gguf.tensors:
             output_bytes += gguf.tensors[name].nbytes
-    kv = int(n_ctx * hp.n_head_kv * (hp.head_dim_k * CACHE_BYTES_PER_VALUE[type_k]
-                                     + hp.head_dim_v * CACHE_BYTES_PER_VALUE[type_v]))
-    return layer_bytes, output_bytes, [kv] * hp.n_layer
+    per_cell = kv_cell_bytes(kv_cell_values(arch, hp), type_k, type_v)
+    return layer_bytes, output_bytes, [int(n_ctx * b) for b in per_cell]
 
 
 def work_bytes(gguf, hp, n_ctx: int, n_ubatch: int) -> int:

@@ -26,7 +26,11 @@ import numpy as np
 from .hparams import RecurrentRows
 from .kv_cache import KVCache, KVRows
 
-__all__ = ["HybridCache", "RecurrentRows"]
+__all__ = ["CHECKPOINTS_PER_SEQUENCE", "HybridCache", "RecurrentRows"]
+
+# states kept per sequence besides its live one, so that a chat's next turn resumes from where
+# the last turn's prompt ended (llama.cpp's context checkpoints); the memory estimate counts them
+CHECKPOINTS_PER_SEQUENCE = 8
 
 
 @dataclass
@@ -43,7 +47,7 @@ class HybridCache(KVCache):
 
     def __init__(self, n_ctx: int, n_layer: int, rows: KVRows, recurrent: RecurrentRows,
                  n_seq_max: int = 1, layer_rope=None, layer_backends=None,
-                 n_checkpoints: int = 8):
+                 n_checkpoints: int = CHECKPOINTS_PER_SEQUENCE):
         super().__init__(n_ctx, n_layer, rows, n_seq_max, layer_rope, layer_backends)
         self.recurrent = recurrent
         for il in recurrent.layers:  # a recurrent layer has no K/V rows

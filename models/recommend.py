@@ -10,9 +10,10 @@
 The estimate is what the engine's process holds at its peak (resident memory), in parts:
 
 - weights: the GGUF file, memory-mapped; running the model touches every page of it.
-- KV cache: the engine allocates n_ctx cells on EVERY layer (`inference/kv_cache.py`), sliding-
-  window layers included: n_layer * n_ctx * n_head_kv * (head_dim_k + head_dim_v) * bytes per
-  value (f32 4, f16 2, q8_0 34/32). llama.cpp caps a sliding-window layer at
+- KV cache: the engine allocates n_ctx cells on every layer that keeps K/V (`inference/kv_cache.py`),
+  sliding-window layers included: per layer n_ctx * n_head_kv * (head_dim_k + head_dim_v) * bytes
+  per value (f32 4, f16 2, q8_0 34/32), as the family defines it (memory.kv_cell_values: Gemma 4's
+  layers that reuse an earlier layer's KV and Qwen 3.5's recurrent layers keep none). llama.cpp caps a sliding-window layer at
   pad(n_swa + n_ubatch, 256) cells; its smaller figure is `kv_bytes_llama_cpp` (Gemma 3).
   The cache's pages become resident as tokens fill it: `resident_at(n_tokens)`.
 - compute: the largest transient buffers of a forward pass, a micro-batch of u = min(n_ubatch,
@@ -45,7 +46,8 @@ from llamatui.inference.placement import (ModelDims, OffloadPlan, auto_margin, d
                                           plan_offload)
 from llamatui.inference.hparams import ModelMetadataError, read_hparams
 from llamatui.inference.memory import (ATTENTION_SCORE_FLOATS, CACHE_BYTES_PER_VALUE,
-                                       DEQUANT_TILE_BYTES)
+                                       DEQUANT_TILE_BYTES, kv_cell_bytes, kv_cell_values)
+from llamatui.inference.recurrent import CHECKPOINTS_PER_SEQUENCE
 from llamatui.inference.support import engine_types, runs_here
 
 MiB = 1 << 20
@@ -118,6 +120,10 @@ class ModelShape:
     output_bytes: int = 0  # the output layer: its norm and matrix (token_embd's when tied)
     largest_matrix: int = 0  # values of the largest weight matrix
     encoder: bool = False  # an embedding model (BERT): the engine gives it no KV cache
+    # per layer, the K and V values a cache cell holds, from the family (memory.kv_cell_values);
+    # empty: n_head_kv * head_dim_k / _v on every layer (a shape from the Hub's summary)
+    kv_values: tuple = ()
+    state_bytes_per_sequence: int = 0  # a hybrid model's recurrent states (Qwen 3.5)
 
     @classmethod
     def from_gguf(cls, g, file_bytes: int | None = None, source: str = "header"
@@ -128,7 +134,8 @@ class ModelShape:
         name = g.metadata.get("general.architecture")
         if not isinstance(name, str):
             raise ModelMetadataError(f"general.architecture = {name!r}: expected a string")
-        hp = read_hparams(g, ARCHITECTURES.get(name) or Arch(name, "", name), family=False)
+        spec = ARCHITECTURES.get(name)
+        hp = read_hparams(g, spec or Arch(name, "", name), family=False)
         layer_bytes = [0] * hp.n_layer
         other = 0
         for tname, t in g.tensors.items():
@@ -155,7 +162,14 @@ class ModelShape:
             output_bytes=output_bytes,
             largest_matrix=max((t.n_elements for t in g.tensors.values() if len(t.shape) == 2),
                                default=0),
-            encoder=hp.encoder)
+            encoder=hp.encoder, **_family_memory(g, spec))
+
+    def cell_values(self) -> list[tuple[int, int]]:
+        """Per layer, the K and V values one cache cell holds."""
+        if self.kv_values:
+            return list(self.kv_values)
+        return [(0, 0) if self.encoder else (h * self.head_dim_k, h * self.head_dim_v)
+                for h in self.n_head_kv]
 
     @classmethod
     def from_hub_info(cls, summary, file_bytes: int) -> "ModelShape":
@@ -222,6 +236,7 @@ class MemoryEstimate:
     misc_bytes: int
     score_budget: int = ATTENTION_SCORE_FLOATS
     tile_bytes: int = DEQUANT_TILE_BYTES
+    state_bytes: int = 0  # recurrent states: one sequence's live ones and its checkpoints
 
     @property
     def approximate(self) -> bool:
@@ -234,7 +249,8 @@ class MemoryEstimate:
     @property
     def total_bytes(self) -> int:
         """Peak resident memory with the whole context in use (kernels already compiled)."""
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.overhead_bytes
+        return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.compute_bytes
+                + self.overhead_bytes)
 
     @property
     def first_run_extra_bytes(self) -> int:
@@ -263,8 +279,8 @@ class MemoryEstimate:
         in micro-batches of n_ubatch (a chat prompt, then generated tokens)."""
         n = max(0, min(n_tokens, self.n_ctx))
         u = min(n, self.n_ubatch) if n else 1
-        return (self.weights_bytes + self.kv_bytes_per_token * n + self.compute_at(u, n)
-                + self.overhead_bytes)
+        return (self.weights_bytes + self.kv_bytes_per_token * n + self.state_bytes
+                + self.compute_at(u, n) + self.overhead_bytes)
 
     def breakdown(self) -> list[tuple[str, int, str]]:
         """(part, bytes, note) rows, for display."""
@@ -277,8 +293,8 @@ class MemoryEstimate:
             ("weights (mmap'd file)", self.weights_bytes,
              f"{s.n_params / 1e6:.0f}M parameters" if s.n_params else ""),
             ("KV cache", self.kv_bytes,
-             f"{self.n_ctx} tokens × {s.n_layer} layers, {self.cache_type_k}/{self.cache_type_v}"
-             + swa_note),
+             f"{self.n_ctx} tokens × {sum(v != (0, 0) for v in s.cell_values())} layers, "
+             f"{self.cache_type_k}/{self.cache_type_v}" + swa_note),
             ("compute buffers", self.compute_bytes,
              f"micro-batch of {min(self.n_ubatch, self.n_ctx)} tokens, logits over "
              f"{s.n_vocab} tokens"),
@@ -288,6 +304,9 @@ class MemoryEstimate:
              + (f", {s.n_merges} merges" if s.n_merges else "")),
             ("model bookkeeping", self.misc_bytes, ""),
         ]
+        if self.state_bytes:
+            rows.insert(2, ("recurrent states", self.state_bytes,
+                            f"one sequence and {CHECKPOINTS_PER_SEQUENCE} checkpoints"))
         # (not in the total) the first run compiles the kernels: FIRST_RUN_EXTRA_BYTES more
         return rows
 
@@ -313,12 +332,21 @@ class MemoryEstimate:
                                  s.largest_matrix or s.n_vocab * s.n_embd)
 
     def _kv_layer(self, il: int) -> int:
-        s = self.shape
-        if s.encoder:
-            return 0
-        per = s.n_head_kv[il] * (s.head_dim_k * CACHE_BYTES_PER_VALUE[self.cache_type_k]
-                                 + s.head_dim_v * CACHE_BYTES_PER_VALUE[self.cache_type_v])
+        per = kv_cell_bytes(self.shape.cell_values()[il:il + 1], self.cache_type_k,
+                            self.cache_type_v)[0]
         return int(per * self.n_ctx)
+
+
+def _family_memory(g, spec) -> dict:
+    """ModelShape's kv_values and state_bytes_per_sequence as the family itself allocates them
+    (memory.kv_cell_values and the family's recurrent_rows, from its own hyperparameter keys;
+    imports the family's module); nothing for a family the engine does not know."""
+    if spec is None:
+        return {}
+    family, hp = spec.load(), read_hparams(g, spec)
+    recurrent = family.recurrent_rows(hp)
+    return {"kv_values": tuple(kv_cell_values(family, hp)),
+            "state_bytes_per_sequence": recurrent.bytes_per_sequence if recurrent else 0}
 
 
 def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
@@ -330,9 +358,7 @@ def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
             raise ValueError(f"unknown KV cache type {t!r}")
     n_ctx = int(n_ctx) if n_ctx and n_ctx > 0 else int(shape.n_ctx_train or 4096)
     s = shape
-    bk, bv = CACHE_BYTES_PER_VALUE[cache_type_k], CACHE_BYTES_PER_VALUE[cache_type_v]
-    per_layer_token = [0 if s.encoder else h * (s.head_dim_k * bk + s.head_dim_v * bv)
-                       for h in s.n_head_kv]
+    per_layer_token = kv_cell_bytes(s.cell_values(), cache_type_k, cache_type_v)
     per_token = sum(per_layer_token)
     kv = int(per_token * n_ctx)
     # llama.cpp: a sliding-window layer holds pad(n_swa + n_ubatch, 256) cells at most
@@ -349,7 +375,8 @@ def estimate(shape: ModelShape, n_ctx: int = 4096, cache_type_k: str = "f16",
         kernels_bytes=KERNEL_BYTES_PER_TYPE * max(1, n_types),
         tokenizer_bytes=TOKEN_BYTES * s.n_vocab + MERGE_BYTES * s.n_merges,
         misc_bytes=MODEL_MISC_BYTES + 4 * s.n_embd * 6 * s.n_layer,
-        score_budget=budget, tile_bytes=tile)
+        score_budget=budget, tile_bytes=tile,
+        state_bytes=s.state_bytes_per_sequence * (1 + CHECKPOINTS_PER_SEQUENCE))
     est.compute_bytes = est.compute_at(min(n_ubatch, n_ctx), n_ctx)
     return est
 

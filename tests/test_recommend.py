@@ -259,3 +259,29 @@ def test_split_model_estimate_counts_every_shard(hub_server, tmp_path, monkeypat
     monkeypatch.setenv("LLAMATUI_HOME", str(tmp_path))
     local = estimate_file(pull("acme/Tiny-GGUF:Q6_K").path)
     assert local.weights_bytes == group.size and local.shape.n_params > est.shape.n_params
+
+
+@pytest.mark.parametrize("case", ["gemma4", "qwen35"])
+def test_estimate_counts_the_cache_the_family_allocates(case, tmp_path):
+    """Gemma 4's layers that reuse an earlier layer's KV and Qwen 3.5's recurrent layers keep
+    no K/V: the estimate (and the offload plan's per-layer figure) counts what the engine
+    allocates, not n_head_kv * head_dim on every layer."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from synthetic_models import write_model
+
+    from llamatui.inference.model import Model
+    path = write_model(case, "F16", tmp_path)
+    est = estimate_file(path, n_ctx=256)
+    model = Model.load(path, LoadConfig(n_ctx=256))
+    try:
+        kv = model.kv
+        allocated = kv.nbytes - getattr(kv, "state_bytes", 0)
+    finally:
+        model.close()
+    assert est.kv_bytes == allocated
+    s = est.shape
+    uniform = sum(h * (s.head_dim_k + s.head_dim_v) * 2 * 256 for h in s.n_head_kv)
+    assert est.kv_bytes < uniform
+    # what offloading each layer moves: its weights and its own cache
+    assert sum(est.layer_bytes(il) - s.layer_bytes[il] for il in range(s.n_layer)) == est.kv_bytes
