@@ -155,6 +155,16 @@ class Backend(ABC):
     def to_host(self, x) -> np.ndarray:
         """One of this backend's arrays as a numpy array."""
 
+    # greedy_tokens runs here: a greedy sampler's token leaves the device instead of its logits
+    samples_greedy = False
+
+    def greedy_tokens(self, logits):
+        """int32 (n,) of logits (n, n_vocab): each row's greedy token (the lowest id of its
+        largest logit), -1 for a row with a NaN or an infinity; on this backend, as llama.cpp's
+        greedy sampler's backend_apply puts an argmax in the graph. Only where
+        `samples_greedy`."""
+        raise NotImplementedError(f"{self.name or type(self).__name__} samples on the host")
+
     @abstractmethod
     def get_rows(self, w, ids: np.ndarray):
         """Rows `ids` of `w`, float32 (n, n_in) (the token embedding lookup)."""

@@ -6,11 +6,15 @@ architecture registry.
     logits = model.decode(Batch(prompt_ids))           # (1, n_vocab): the last token's row
     logits = model.decode(Batch([next_id]))            # continues sequence 0 through the cache
     all_rows = model.logits_for(token_ids)             # a fresh sequence, one row per token
+    tokens = model.decode_tokens(Batch([next_id]))     # (1,) int32: greedy, where samples_greedy
 
 `decode` works like llama_decode: the batch's tokens go through every matrix product together (cut
 into micro-batches of `n_ubatch`), their K and V rows are written into free cells of the cache,
 and attention looks at every cell of the token's sequence up to its position (and within the
 sliding window on local layers). Only the rows that want logits leave the last layer.
+`decode_tokens` runs a batch the same way for callers that sample greedily: the argmax of each
+output row is taken where the logits are (on a GPU, llama.cpp's backend greedy sampler), and only
+the token ids reach the host.
 
     vectors = model.embed([ids_a, ids_b], "mean")      # (2, n_embd): pooled, not normalized
 
@@ -127,6 +131,7 @@ class ForwardContext:
     cache."""
 
     embeddings = False  # the forward pass returns logits (EmbeddingContext: hidden states)
+    greedy = False  # ... or the greedy token of each output row (Model.decode_tokens)
 
     def __init__(self, model: "Model", tokens: np.ndarray, positions: np.ndarray,
                  cells: np.ndarray, seq_first: np.ndarray, out_rows: np.ndarray):
@@ -420,9 +425,29 @@ class Model:
 
     # ---------------------------------------------------------------- decoding
 
+    @property
+    def samples_greedy(self) -> bool:
+        """`decode_tokens` samples on the device that computes the logits: the output layer's
+        backend can (Backend.samples_greedy: a GPU's) and the family's head gives the logits as
+        the output matrix makes them (Architecture.greedy_on_device)."""
+        return self.placement.output.samples_greedy and self.arch.greedy_on_device(self.hparams)
+
     def decode(self, batch: Batch) -> np.ndarray:
         """Runs the batch; float32 (batch.n_outputs, n_vocab), rows in batch order. Raises
         KVCacheFullError (cache unchanged) when there is no room."""
+        return self._decode(batch, greedy=False)
+
+    def decode_tokens(self, batch: Batch) -> np.ndarray:
+        """Runs the batch as `decode` does and returns the greedy token of each output row
+        instead of its logits: int32 (batch.n_outputs,), the lowest id of the row's largest
+        logit, -1 for a row holding a NaN or an infinity. Sampled where the logits are, so that
+        4 bytes per row reach the host rather than n_vocab * 4; only where `samples_greedy`."""
+        if not self.samples_greedy:
+            raise ValueError("this model samples on the host: its logits come from "
+                             f"{self.placement.output!r} (decode_tokens needs samples_greedy)")
+        return self._decode(batch, greedy=True)
+
+    def _decode(self, batch: Batch, greedy: bool) -> np.ndarray:
         if not isinstance(batch, Batch):
             batch = Batch(batch)
         hp = self.hparams
@@ -450,7 +475,10 @@ class Model:
                 out_rows = np.flatnonzero(batch.logits[u0:u1])
                 ctx = ForwardContext(self, batch.tokens[u0:u1], positions[u0:u1], cells,
                                      seq_first[u0:u1], out_rows)
-                parts.append(self._forward(ctx))
+                ctx.greedy = greedy
+                part = self._forward(ctx)
+                # (a micro-batch without output rows ends before the head: no tokens)
+                parts.append(part if len(part) or not greedy else np.empty(0, np.int32))
         except BaseException:  # leave the cache as it was (an interrupted prompt, say)
             for cells in claimed:
                 self.kv.free_cells(cells)

@@ -484,6 +484,16 @@ class Sampler:
             self.accept(t)
 
     @property
+    def argmax_only(self) -> bool:
+        """The chain always answers the argmax of the raw logits (ties: the lowest id), so the
+        logits need not reach the host (Model.decode_tokens): greedy (temperature ≤ 0 without
+        typical sampling, or top-k = 1, which leaves one candidate for every later step) with no
+        logit bias and no penalties to change them first."""
+        p = self.params
+        greedy = (p.temperature <= 0.0 and p.typical_p >= 1.0) or p.top_k == 1
+        return greedy and not len(self._bias_ids) and not self._penalties_on
+
+    @property
     def history(self) -> tuple[int, ...]:
         """The tokens in the penalty window, oldest first."""
         return tuple(self._history)

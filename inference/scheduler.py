@@ -25,6 +25,10 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   grammar) samples only what the grammar allows; tokens the grammar forces are appended to the
   slot's next batch together with the sampled one (decoded at once, not one step each), and the
   request ends ("eog") as soon as the grammar is complete.
+- A step whose every output row samples greedily from the raw logits (no grammar, logit bias,
+  penalties or logprobs: Sampler.argmax_only) on a model that samples on its GPU
+  (Model.samples_greedy) gets the token ids from the device, not the logits
+  (Model.decode_tokens); any other step brings every output row's logits to the host samplers.
 - Precision: matrices the packed 8-bit kernels take (matmul_packed: Q4_0, Q4_1, Q8_0) use them in
   every step, and they compute each token on its own; attention visits a token's cells by
   position, and a row whose logits are sampled always takes its per-token kernel: a request's
@@ -381,12 +385,14 @@ class Scheduler:
             self._drop_cancelled()
             self._admit()
             batch, outputs = self.schedule()
+            greedy = batch is not None and self._greedy_on_device(outputs)
         if batch is None:
             return
         t0 = time.perf_counter()
         try:
             with int8_decode(len(self.slots) == 1):
-                logits = self.model.decode(batch)
+                # (greedy: the token ids, sampled where the logits are)
+                result = self.model.decode_tokens(batch) if greedy else self.model.decode(batch)
         except Exception as e:  # noqa: BLE001 - every request in the batch ends with the error
             with self._lock:
                 for slot in self._slots_in(batch):
@@ -399,7 +405,16 @@ class Scheduler:
             self.stats["n_busy_slots"] += len(busy)
             self.stats["n_tokens_max"] = max([self.stats["n_tokens_max"],
                                               *(len(s.tokens) for s in busy)])
-            self.update_from_output(outputs, logits, time.perf_counter() - t0)
+            self.update_from_output(outputs, None if greedy else result,
+                                    time.perf_counter() - t0, tokens=result if greedy else None)
+
+    def _greedy_on_device(self, outputs: list[tuple[Slot, int]]) -> bool:
+        """Every output's slot takes the argmax of its raw logits and wants nothing else of them
+        (no grammar, no logprobs), and the model can sample where its logits are
+        (Model.samples_greedy): the step then brings back token ids, not logits."""
+        return bool(outputs) and self.model.samples_greedy and all(
+            s.request.constraint is None and not s.request.n_probs and s.sampler.argmax_only
+            for s, _ in outputs)
 
     def _slots_in(self, batch: Batch) -> set:
         return {self.slots[s[0]] for s in batch.seq_ids}
@@ -523,9 +538,11 @@ class Scheduler:
         del slot.tokens[n_keep:n_keep + n_discard]
         return True
 
-    def update_from_output(self, outputs: list[tuple[Slot, int]], logits: np.ndarray,
-                           t_decode: float) -> None:
-        """Samples the next token of every slot that got logits and emits its events."""
+    def update_from_output(self, outputs: list[tuple[Slot, int]], logits: np.ndarray | None,
+                           t_decode: float, tokens: np.ndarray | None = None) -> None:
+        """Samples the next token of every slot that got logits and emits its events. `tokens`
+        (with logits None): the outputs' greedy tokens, sampled on the device
+        (Model.decode_tokens; -1 where the logits were not finite)."""
         now = time.perf_counter()
         self._kv_used = self.model.kv.used_cells  # the same for every event of the step
         for slot, row in outputs:
@@ -535,7 +552,10 @@ class Scheduler:
             if slot.state == SlotState.PROMPT:
                 self._prompt_done(slot, now)
             try:
-                self._sample(slot, logits[row], now)
+                if tokens is None:
+                    self._sample(slot, logits[row], now)
+                else:
+                    self._sample(slot, None, now, device_token=int(tokens[row]))
             except Exception as e:  # noqa: BLE001 - a broken model ends its request, not the loop
                 self._fail(slot, e)
         n_gen = sum(1 for s, _ in outputs if s.state == SlotState.GENERATING)
@@ -554,11 +574,15 @@ class Scheduler:
         self.stats["t_prompt"] += elapsed
         req.emit(self._event(slot, "prompt"))
 
-    def _sample(self, slot: Slot, row: np.ndarray, now: float) -> None:
+    def _sample(self, slot: Slot, row: np.ndarray | None, now: float,
+                device_token: int = -1) -> None:
         """The slot's next token(s) from its logits: one sampled token, plus what a constraint
-        then forces; or, when a constraint forces tokens before any sampling, those alone."""
+        then forces; or, when a constraint forces tokens before any sampling, those alone. Row
+        None: the greedy `device_token` sampled on the device (-1: its logits were not finite;
+        the slot has no constraint, _greedy_on_device)."""
         req = slot.request
-        if not all_finite(row):
+        finite = all_finite(row) if row is not None else device_token >= 0
+        if not finite:
             raise NonFiniteLogitsError(
                 "the model produced non-finite logits (NaN or infinity): its weights or "
                 "metadata are broken")
@@ -572,7 +596,8 @@ class Scheduler:
             if grammar is not None:
                 tokens += grammar.commit(budget_token)
         elif grammar is None:
-            tokens, sampled = [slot.sampler.sample(row)], True
+            tokens = [slot.sampler.sample(row) if row is not None else device_token]
+            sampled = True
         else:
             tokens, sampled = grammar.take_forced(), False
             if not tokens:

@@ -531,6 +531,60 @@ def check_offload_greedy_text():
     assert (text, info.n_gpu_layers, replays) == (want, 3, MAX_NEW - 1), (text, want, replays)
 
 
+@check("offload_greedy_on_device")
+def check_offload_greedy_on_device():
+    """Greedy generation fully offloaded samples on the device: every step of the scheduler
+    that samples asks the model for token ids (Model.decode_tokens), none for logits, and the
+    text is -ngl 0's, for llama (untied output) and gemma3 (tied, steps replayed from graphs).
+    A greedy
+    request whose logits the host changes first (a repeat penalty, a logit bias) and a
+    sampling one take the logits instead; so does a family whose head changes them on the host
+    (a final soft-cap), and a model on the CPU."""
+    from llamatui.inference import Engine
+    from llamatui.inference.model import Batch, Model
+    for family in ("llama", "gemma3"):
+        path = tiny_model(family)
+        want, _, _ = greedy(path)
+        with simulated_devices(4 * GIB):
+            engine = Engine.load(path, LoadConfig(n_ctx=64, warmup=False, offload=OffloadOptions(
+                n_gpu_layers=-1)))
+        model, calls = engine.model, {"decode": 0, "decode_tokens": 0}
+        for name in calls:
+            def counted(batch, name=name, run=getattr(model, name)):
+                calls[name] += batch.n_outputs > 0  # (a prompt's first chunk samples nothing)
+                return run(batch)
+            setattr(model, name, counted)
+        try:
+            assert model.samples_greedy, family
+
+            def generate(**params):
+                events = list(engine.generate(PROMPT, max_tokens=MAX_NEW, **params))
+                assert events[-1].error is None, events[-1].error
+                return "".join(e.text for e in events)
+            text = generate(temperature=0.0)
+            # the prompt's last token, then every generated token but the last
+            assert (text, calls) == (want, {"decode": 0, "decode_tokens": MAX_NEW}), \
+                (family, text, want, calls)
+            for params in ({"temperature": 0.0, "repeat_penalty": 1.3},
+                           {"temperature": 0.0, "logit_bias": {5: 0.5}},
+                           {"temperature": 0.8, "top_k": 40, "seed": 3}):
+                calls.update(decode=0, decode_tokens=0)
+                generate(**params)
+                assert calls["decode_tokens"] == 0 and calls["decode"] > 0, (params, calls)
+            model.hparams.final_logit_softcap = 30.0
+            assert not model.samples_greedy
+            model.hparams.final_logit_softcap = 0.0
+        finally:
+            engine.close()
+    cpu = Model.load(tiny_model("llama"), LoadConfig(n_ctx=64))
+    assert not cpu.samples_greedy
+    try:
+        cpu.decode_tokens(Batch([2, 3]))
+        raise AssertionError("a CPU model's decode_tokens ran")
+    except ValueError as e:
+        assert "samples on the host" in str(e), e
+
+
 @check("offload_logits")
 def check_offload_logits():
     """A prompt and decode steps fully offloaded: the logits of the CPU backend up to the
@@ -740,14 +794,17 @@ def check_decode_step_budget():
     """What decode steps of a fully offloaded model ask of the device, counted at the runtime
     seam (runtime.DeviceCounters, the same on a GPU as here): the first step of a shape eager,
     the second captured, later ones one graph replay each with no launch from the host, nothing
-    uploaded but the batch inputs (3 copies: no weight after the load), and the logits of each
-    sequence (n_vocab float32) in one download, the step's one synchronization.
+    uploaded but the batch inputs (3 copies: no weight after the load), and in one download, the
+    step's one synchronization, what the samplers need: a greedy sequence's token id (4 bytes,
+    Model.decode_tokens: sampled on the device), any other sequence's logits (n_vocab float32,
+    Model.decode: the host samples).
 
-    Today's gaps to issue 28's budget, guarded as they stand: the host samples, so the step
-    waits for the logits (1 sync, where the budget is none before the token is needed) and
-    n_vocab * 4 bytes come back per sequence (a token id would be 4: sampling on the device);
-    the batch inputs' staging array is sized by n_ubatch (4 * n_ubatch + 1 int64, 16 KiB at the
-    default 512) and the cells' positions and sequences go up whole every step."""
+    Today's gaps to issue 28's budget, guarded as they stand: the step waits for what it
+    downloads (1 sync, where the budget is none before the token is needed: no asynchronous
+    read-back yet); samplers other than greedy (llama.cpp's default chain: top-k, top-p, min-p,
+    temperature, the draw) run on the host, so n_vocab * 4 bytes come back for them; the batch
+    inputs' staging array is sized by n_ubatch (4 * n_ubatch + 1 int64, 16 KiB at the default
+    512) and the cells' positions and sequences go up whole every step."""
     from llamatui.inference.model import Batch, Model
     os.environ["LLAMATUI_CUDA_GRAPHS"] = "1"
     with simulated_devices(4 * GIB):
@@ -755,33 +812,38 @@ def check_decode_step_budget():
             OffloadOptions(n_gpu_layers=-1))))
     (be,) = model.placement.gpu_backends
     assert model._graphs is not None, "a tied, fully offloaded model decodes through graphs"
-    counters, logits_bytes = be.rt.counters, model.n_vocab * 4
+    assert model.samples_greedy
+    counters = be.rt.counters
     model.decode(Batch(list(range(2, 13)), pos=0))
     weight_bytes = be.weight_bytes
 
-    def step(tokens, seqs):
+    def step(tokens, seqs, greedy):
         counters.reset()
-        model.decode(Batch(tokens, seq_ids=seqs, logits=True))
+        batch = Batch(tokens, seq_ids=seqs, logits=True)
+        model.decode_tokens(batch) if greedy else model.decode(batch)
         n_kv, kv = model.kv.n_kv(), model.kv
         inputs = 8 * (4 * model.n_ubatch + 1) + n_kv * (4 + kv.n_seq_max)  # int64s, int32, bools
         return counters.take(), inputs
 
-    for tokens, seqs in (([4], [0]), ([5, 6], [0, 1])):
-        n_seq = len(tokens)
-        eager, _ = step(tokens, seqs)  # (which may upload tables on first use)
-        assert eager["launches"] <= EAGER_STEP_LAUNCHES, eager
-        want = {"captured": 0, "graph_replays": 0, "syncs": 1, "d2h_copies": 1,
-                "d2h_bytes": n_seq * logits_bytes}
-        assert {k: eager[k] for k in want} == want, eager
-        captured, _ = step(tokens, seqs)  # recorded once, then replayed
-        assert (captured["launches"], captured["captured"], captured["graph_replays"],
-                captured["syncs"]) == (0, eager["launches"], 1, 2), captured
-        for _ in range(2):
-            replayed, inputs = step(tokens, seqs)
-            assert replayed == {
-                "launches": 0, "captured": 0, "graph_replays": 1, "syncs": 1, "h2d_copies": 3,
-                "h2d_bytes": inputs, "d2h_copies": 1, "d2h_bytes": n_seq * logits_bytes,
-                "peer_copies": 0, "peer_bytes": 0}, (n_seq, replayed)
+    # (greedy, bytes per sequence): a token id, or the logits (and one launch fewer: no argmax)
+    for greedy, out_bytes, sampler_launches in ((True, 4, 1), (False, model.n_vocab * 4, 0)):
+        for tokens, seqs in (([4], [0]), ([5, 6], [0, 1])):
+            n_seq = len(tokens)
+            eager, _ = step(tokens, seqs, greedy)  # (which may upload tables on first use)
+            assert eager["launches"] <= EAGER_STEP_LAUNCHES + sampler_launches, eager
+            want = {"captured": 0, "graph_replays": 0, "syncs": 1, "d2h_copies": 1,
+                    "d2h_bytes": n_seq * out_bytes}
+            assert {k: eager[k] for k in want} == want, (greedy, eager)
+            captured, _ = step(tokens, seqs, greedy)  # recorded once, then replayed
+            assert (captured["launches"], captured["captured"], captured["graph_replays"],
+                    captured["syncs"]) == (0, eager["launches"], 1, 2), captured
+            for _ in range(2):
+                replayed, inputs = step(tokens, seqs, greedy)
+                assert replayed == {
+                    "launches": 0, "captured": 0, "graph_replays": 1, "syncs": 1,
+                    "h2d_copies": 3, "h2d_bytes": inputs, "d2h_copies": 1,
+                    "d2h_bytes": n_seq * out_bytes, "peer_copies": 0, "peer_bytes": 0}, \
+                    (greedy, n_seq, replayed)
     assert be.weight_bytes == weight_bytes and model._graphs.failures == []
 
 

@@ -235,6 +235,49 @@ def check_argmax():
     np.testing.assert_array_equal(out.copy_to_host(), x.argmax(axis=1))
 
 
+def host_greedy(logits):
+    """What the host does with each row of raw logits at a greedy step: its sampler's token
+    (Sampler._sample_greedy: numpy's argmax, the lowest id on ties), or -1 where the scheduler
+    refuses the row (Scheduler._sample's all_finite check: a NaN or an infinity)."""
+    from llamatui.inference.sampling import Sampler, SamplingParams, all_finite
+    greedy = Sampler(SamplingParams(temperature=0.0), logits.shape[1])
+    return np.array([greedy.sample(row) if all_finite(row) else -1 for row in logits], np.int32)
+
+
+@check("greedy_tokens")
+def check_greedy_tokens():
+    """The device's greedy token of each row is the host's: random rows, maxima tied across
+    threads and warps (the lowest id wins), -0.0 against 0.0, all-negative rows, the maximum
+    last; -1 for rows with a NaN, +inf or -inf (refused on the host too), wherever they are."""
+    from llamatui.inference.cuda.sampling import GREEDY_THREADS, greedy_tokens
+    rng = check_rng(8)
+    n = 3 * GREEDY_THREADS + 7  # threads scan several strides, the last one partial
+    x = rng.standard_normal((14, n)).astype(np.float32)
+    x[1, [900 % n, 10, 500 % n]] = 50.0  # tied: the lowest id
+    x[2] = 1.0  # all tied: token 0
+    x[3, [GREEDY_THREADS + 3, 3]] = 9.0  # one thread's two strides
+    x[4, [n - 1, 33]] = 9.0  # two warps' winners
+    x[5] = -np.abs(x[5]) - 1.0  # all negative
+    x[6, -1] = 60.0  # the maximum last
+    x[7, :2] = (-0.0, 0.0)
+    x[7, 2:] = -1.0  # -0.0 == 0.0: token 0
+    x[8, 17] = np.nan
+    x[9, -1] = np.nan
+    x[10, 5] = np.inf
+    x[11, 40] = -np.inf  # with a finite maximum: still refused, as the host refuses it
+    x[12] = -np.inf
+    x[13] = np.nan
+    want = host_greedy(x)
+    assert (want[3], want[4], want[7]) == (3, 33, 0)
+    assert list(want[8:]) == [-1] * 6
+    out = zeros_on_device(len(x), np.int32)
+    greedy_tokens(to_device(x), out)
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+    one = zeros_on_device(1, np.int32)  # a vocabulary smaller than a warp
+    greedy_tokens(to_device(x[6:7, -5:]), one)
+    assert one.copy_to_host()[0] == 4
+
+
 def _attention_case(k_type, v_type, n_head, n_head_kv, d, n_swa, rng, sinks=None):
     from llamatui.inference.cpu import attention as cpu_attention
     from llamatui.inference.cuda.attention import CellMask, DeviceKV, attention

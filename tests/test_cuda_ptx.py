@@ -70,7 +70,7 @@ def launch_everything() -> None:
     """Every kernel launcher once, with the argument types the CUDA backend passes (int64 ids and
     positions, float32 activations, float16 tiles): per weight type of the registry, per KV cache
     type and pair of them, and the elementwise kernels."""
-    from llamatui.inference.cuda import attention, dequant, elementwise, kv, matvec
+    from llamatui.inference.cuda import attention, dequant, elementwise, kv, matvec, sampling
     from llamatui.inference.rope import RopeSpec
     f32, i64 = np.float32, np.int64
     for name, dt in dequant.DEVICE_TYPES.items():
@@ -87,6 +87,7 @@ def launch_everything() -> None:
     elementwise.swiglu_oai(x, x, 1.702, 7.0, np.zeros_like(x))
     elementwise.geglu(x, x, np.zeros_like(x), elementwise.GELU_TABLE)
     elementwise.argmax(x, np.zeros(2, np.int32))
+    sampling.greedy_tokens(x, np.zeros(2, np.int32))
     rows = {}
     for cache_type in attention.KV_TYPES:
         dtype, width = kv.storage(cache_type, 32)

@@ -59,6 +59,11 @@ class Architecture(ABC):
         `ctx.embeddings` (an EmbeddingContext) every token's hidden state after the final norm
         instead, float32 (n_tokens, n_embd): what llama.cpp pools into embeddings (t_embd)."""
 
+    def greedy_on_device(self, hp: HParams) -> bool:
+        """Whether the forward pass can return the greedy token of each output row instead of
+        its logits, when the context asks (ForwardContext.greedy); see Transformer."""
+        return False
+
     def recurrent_rows(self, hp: HParams):
         """What the family's recurrent layers keep per sequence (a recurrent.RecurrentRows:
         the model's memory is then a HybridCache), or None: attention layers only."""
@@ -299,6 +304,13 @@ class Transformer(Architecture):
             return be.to_host(self.final_norm(ctx, w, be.take(x)))
         return self.head(ctx, w, x)
 
+    def greedy_on_device(self, hp: HParams) -> bool:
+        """Whether `head` can hand back greedy tokens (ctx.greedy): the argmax of the logits as
+        the output matrix gives them. Not when the host changes them after the download: a
+        final soft-cap, or a family's own head (Granite's scale), whose roundings can tie or
+        part two logits."""
+        return not hp.final_logit_softcap and type(self).head is Transformer.head
+
     def per_layer_inputs(self, ctx, w: Weights, x):
         """(n, n_layer, width) inputs each block takes beside the residual stream (Gemma 4's
         per-layer token embeddings), or None: most families have none."""
@@ -393,11 +405,16 @@ class Transformer(Architecture):
         return ctx.backend(ctx.hp.n_layer).rms_norm(x, w.output_norm, ctx.hp.rms_eps)
 
     def head(self, ctx, w: Weights, x) -> np.ndarray:
-        """Logits of the output rows: output · final_norm(x), soft-capped when the model says."""
+        """Logits of the output rows: output · final_norm(x), soft-capped when the model says.
+        With `ctx.greedy` (greedy_on_device) their greedy tokens instead, int32 (n,), sampled
+        where the logits are (Backend.greedy_tokens)."""
         hp = ctx.hp
         be = ctx.backend(hp.n_layer)
         x = self.final_norm(ctx, w, be.take(x))
-        logits = be.to_host(be.matmul(w.output, x))
+        logits = be.matmul(w.output, x)
+        if ctx.greedy:
+            return be.to_host(be.greedy_tokens(logits))
+        logits = be.to_host(logits)
         if hp.final_logit_softcap:  # ggml_scale by 1/cap, ggml_tanh, ggml_scale by cap
             c = np.float32(hp.final_logit_softcap)
             logits = np.tanh(logits * (np.float32(1.0) / c)) * c

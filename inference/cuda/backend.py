@@ -13,6 +13,8 @@ It owns what its layers touch on its device (the `Backend` interface of inferenc
   per chosen expert, each group gathered, multiplied by that expert's matrix through `matmul`
   above and scattered back, so only the chosen experts' rows are read;
 - RMS norm, RoPE, SwiGLU / GeGLU, the embedding lookup (elementwise.py, dequant.py);
+- greedy sampling (`greedy_tokens`, sampling.py): a greedy sequence's token id is all that
+  leaves the device, not its logits;
 - the K and V rows of its layers (`DeviceKVStore`, written by kv.py's kernels) and attention over
   them: decoding through the kernel that builds the mask from the cells' positions
   (attention.py, ggml's flash_attn_ext_vec), prompts through GEMMs over the dequantized cells;
@@ -39,6 +41,7 @@ from .dequant import DEVICE_TYPES, UnsupportedDeviceTypeError, dequantize_rows
 from .elementwise import GELU_TABLE, geglu, rms_norm, rope, swiglu, swiglu_oai
 from .matvec import MAX_TOKENS, matvec
 from .runtime import DeviceRuntime, array_device
+from .sampling import greedy_tokens
 
 # values of a prompt's dequantized fp16 weight tile at a time (128 MiB)
 TILE_VALUES = 64 << 20
@@ -170,6 +173,7 @@ class CUDABackend(Backend):
     """The `Backend` of one GPU (see the module docstring)."""
 
     name = "cuda"
+    samples_greedy = True
 
     def __init__(self, runtime: DeviceRuntime):
         self.rt = runtime
@@ -372,6 +376,13 @@ class CUDABackend(Backend):
                 part = self._empty((x16.shape[0], m))
                 self.rt.gemm(x16, tile[:m], part)
                 self.rt.op(self.rt.xp.copyto, out[:, r0:r0 + m], part)
+
+    def greedy_tokens(self, logits):
+        """Each row's greedy token, int32 (n,) on the device (sampling.py's kernel): what a
+        greedy decode step downloads instead of the logits."""
+        out = self._empty((logits.shape[0],), np.int32)
+        self.rt.op(greedy_tokens, logits, out, stream=self.rt.kernel_stream)
+        return out
 
     def rms_norm(self, x, w, eps: float):
         d = x.shape[-1]

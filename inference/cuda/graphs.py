@@ -4,10 +4,11 @@ A decode step launches a few hundred small kernels; from Python each launch cost
 kernel runs. When the whole model runs on one device, `DecodeGraphs.run` captures a step's
 forward pass once into a CUDA graph and replays it for every later step of the same shape:
 
-- a shape (the graph's key) is the number of tokens (at most MAX_TOKENS) and which rows want
-  logits; everything that changes from step to step (token ids, positions, cells, the cells'
-  positions and sequences, the number of cells to attend) is read by the kernels from the
-  backend's batch buffers, which `begin_batch` refills before every step;
+- a shape (the graph's key) is the number of tokens (at most MAX_TOKENS), which rows want
+  logits, and whether they come back as logits or as greedy tokens (ctx.greedy); everything
+  that changes from step to step (token ids, positions, cells, the cells' positions and
+  sequences, the number of cells to attend) is read by the kernels from the backend's batch
+  buffers, which `begin_batch` refills before every step;
 - the first step of a shape runs eagerly (compiling kernels, uploading tables, warming the
   memory pool), the second is captured and then launched, later ones are replayed;
 - a forward pass that cannot be captured (it copies to the device, or computes on the host after
@@ -45,13 +46,13 @@ class DecodeGraphs:
 
     def run(self, ctx, forward):
         """forward() for the micro-batch `ctx` (whose inputs begin_batch has uploaded): eagerly,
-        captured, or replayed. Returns the logits as forward() does."""
+        captured, or replayed. Returns the logits (or greedy tokens) as forward() does."""
         if ctx.n_tokens > MAX_TOKENS:
             return forward()
         if self.backend.batch_buffers is not self._buffers:
             self._graphs.clear()
             self._buffers = self.backend.batch_buffers
-        key = (ctx.n_tokens, ctx.out_rows.tobytes())
+        key = (ctx.n_tokens, ctx.out_rows.tobytes(), ctx.greedy)
         graph = self._graphs.get(key)
         if graph is not None:
             self._graphs.move_to_end(key)
@@ -98,6 +99,6 @@ class DecodeGraphs:
 
     def _replay(self, graph):
         self.rt.replay(graph)
-        self.rt.synchronize()  # the logits are read next
+        self.rt.synchronize()  # the logits (or tokens) are read next
         self.replays += 1
         return graph.result.copy()
