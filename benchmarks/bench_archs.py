@@ -16,6 +16,8 @@ PATH; wall-clock figures only), else llama-cpp-python's build of it.
 - mistral3-3b: Ministral 3 3B's shape (mistral3: YaRN with attention temperature scaling).
 - gpt-oss-20b-6l: gpt-oss-20b's layers (sinks, alternating 128-token windows, 32 experts with
   biases), 6 of its 24, in llama-quantize's MXFP4_MOE mix (experts MXFP4, the rest Q8_0).
+- gemma4-e2b: Gemma 4 E2B's shape (per-layer embeddings, 20 of 35 layers on shared KV).
+- qwen3.5-0.8b: Qwen3.5-0.8B's shape (18 Gated DeltaNet and 6 gated attention layers).
 
 The others in llama-quantize's Q4_K_M mix (quantizer.model.plan_tensor_types: Q6_K for the output,
 and for attn_v and ffn_down on the "more bits" layers; rows of 896 are not whole 256-value
@@ -62,7 +64,8 @@ N_VOCAB = 151936
 POOL_ROWS = 16384
 DENSE = {"tg128": 1.0, "pp512": 1.5}
 TARGETS = {"qwen2.5-0.5b": DENSE, "qwen3-30b-a3b-6l": {"tg128": 0.8},
-           "llama3.2-1b-iq2_xxs": DENSE, "mistral3-3b": DENSE, "gpt-oss-20b-6l": DENSE}
+           "llama3.2-1b-iq2_xxs": DENSE, "mistral3-3b": DENSE, "gpt-oss-20b-6l": DENSE,
+           "gemma4-e2b": DENSE, "qwen3.5-0.8b": DENSE}
 
 
 def qwen25_05b() -> tuple[str, dict, list[TensorSpec]]:
@@ -165,6 +168,78 @@ def gpt_oss_20b(n_layer: int = 6) -> tuple[str, dict, list[TensorSpec]]:
     return "gpt-oss", md, [_spec(name, shape) for name, shape in t]
 
 
+def gemma4_e2b() -> tuple[str, dict, list[TensorSpec]]:
+    """Gemma 4 E2B's shape (gemma4): 35 layers, 1536 wide, 8 query / 1 KV head, sliding
+    layers' heads of 256 (window 512) and every fifth layer global with heads of 512; the last
+    20 layers reuse earlier layers' KV and have a double-wide FFN (12,288 against 6,144);
+    per-layer token embeddings of 256 per layer; 262,144 tokens, output tied, soft-cap 30."""
+    n_layer, e, n_head, n_shared, n_pe, n_vocab = 35, 1536, 8, 20, 256, 262144
+    swa = [(il + 1) % 5 != 0 for il in range(n_layer)]
+    n_ff = [6144 if il < n_layer - n_shared else 12288 for il in range(n_layer)]
+    md = {"context_length": 131072, "embedding_length": e, "block_count": n_layer,
+          "feed_forward_length": n_ff, "attention.head_count": n_head,
+          "attention.head_count_kv": 1, "attention.key_length": 512,
+          "attention.value_length": 512, "attention.key_length_swa": 256,
+          "attention.value_length_swa": 256, "rope.freq_base": 1e6,
+          "rope.freq_base_swa": 10000.0, "rope.dimension_count": 512,
+          "rope.dimension_count_swa": 256, "attention.layer_norm_rms_epsilon": 1e-6,
+          "attention.sliding_window": 512, "attention.sliding_window_pattern": swa,
+          "embedding_length_per_layer_input": n_pe, "attention.shared_kv_layers": n_shared,
+          "final_logit_softcapping": 30.0}
+    t = [("token_embd.weight", (n_vocab, e)), ("output_norm.weight", (e,)),
+         ("per_layer_token_embd.weight", (n_vocab, n_pe * n_layer)),
+         ("per_layer_model_proj.weight", (n_pe * n_layer, e)),
+         ("per_layer_proj_norm.weight", (n_pe,)), ("rope_freqs.weight", (256,))]
+    for il in range(n_layer):
+        p, d = f"blk.{il}.", 256 if swa[il] else 512
+        t += [(p + "attn_norm.weight", (e,)), (p + "attn_q.weight", (n_head * d, e)),
+              (p + "attn_q_norm.weight", (d,)), (p + "attn_output.weight", (e, n_head * d)),
+              (p + "post_attention_norm.weight", (e,)), (p + "ffn_norm.weight", (e,)),
+              (p + "ffn_gate.weight", (n_ff[il], e)), (p + "ffn_up.weight", (n_ff[il], e)),
+              (p + "ffn_down.weight", (e, n_ff[il])), (p + "post_ffw_norm.weight", (e,)),
+              (p + "inp_gate.weight", (n_pe, e)), (p + "proj.weight", (e, n_pe)),
+              (p + "post_norm.weight", (e,)), (p + "layer_output_scale.weight", (1,))]
+        if il < n_layer - n_shared:
+            t += [(p + "attn_k.weight", (d, e)), (p + "attn_k_norm.weight", (d,)),
+                  (p + "attn_v.weight", (d, e))]
+    return "gemma4", md, [_spec(name, shape) for name, shape in t]
+
+
+def qwen35_08b() -> tuple[str, dict, list[TensorSpec]]:
+    """Qwen3.5-0.8B's shape (qwen35): 24 layers, 1024 wide, three Gated DeltaNet layers (16
+    key and 16 value heads of 128, convolution of 4) then one gated attention layer (8 query /
+    2 KV heads of 256, RoPE over a quarter of each head), FFN 3584, 248,320 tokens, output
+    tied."""
+    n_layer, e, n_ff, n_head, n_kv, d, n_vocab = 24, 1024, 3584, 8, 2, 256, 248320
+    ssm = {"conv_kernel": 4, "state_size": 128, "group_count": 16, "time_step_rank": 16,
+           "inner_size": 2048}
+    md = {"context_length": 262144, "embedding_length": e, "block_count": n_layer,
+          "feed_forward_length": n_ff, "attention.head_count": n_head,
+          "attention.head_count_kv": n_kv, "attention.key_length": d,
+          "attention.value_length": d, "rope.freq_base": 1e7, "rope.dimension_count": 64,
+          "rope.dimension_sections": [11, 11, 10, 0], "full_attention_interval": 4,
+          "attention.layer_norm_rms_epsilon": 1e-6, **{f"ssm.{k}": v for k, v in ssm.items()}}
+    s, n_k, n_v = ssm["state_size"], ssm["group_count"], ssm["time_step_rank"]
+    conv_dim = 2 * n_k * s + n_v * s
+    t = [("token_embd.weight", (n_vocab, e)), ("output_norm.weight", (e,))]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        t += [(p + "attn_norm.weight", (e,)), (p + "post_attention_norm.weight", (e,)),
+              (p + "ffn_gate.weight", (n_ff, e)), (p + "ffn_up.weight", (n_ff, e)),
+              (p + "ffn_down.weight", (e, n_ff))]
+        if (il + 1) % 4 == 0:
+            t += [(p + "attn_q.weight", (2 * n_head * d, e)), (p + "attn_k.weight", (n_kv * d, e)),
+                  (p + "attn_v.weight", (n_kv * d, e)), (p + "attn_output.weight", (e, n_head * d)),
+                  (p + "attn_q_norm.weight", (d,)), (p + "attn_k_norm.weight", (d,))]
+        else:
+            t += [(p + "attn_qkv.weight", (conv_dim, e)), (p + "attn_gate.weight", (n_v * s, e)),
+                  (p + "ssm_conv1d.weight", (conv_dim, ssm["conv_kernel"])),
+                  (p + "ssm_dt.bias", (n_v,)), (p + "ssm_a", (n_v,)),
+                  (p + "ssm_beta.weight", (n_v, e)), (p + "ssm_alpha.weight", (n_v, e)),
+                  (p + "ssm_norm.weight", (s,)), (p + "ssm_out.weight", (e, n_v * s))]
+    return "qwen35", md, [_spec(name, shape) for name, shape in t]
+
+
 def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
     md = {"embedding_length": e, "block_count": n_layer, "feed_forward_length": n_ff,
           "attention.head_count": n_head, "attention.head_count_kv": n_kv}
@@ -184,18 +259,21 @@ def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
 # name: (shape, llama-quantize mix)
 MODELS = {"qwen2.5-0.5b": (qwen25_05b, "Q4_K_M"), "qwen3-30b-a3b-6l": (qwen3_30b_a3b, "Q4_K_M"),
           "llama3.2-1b-iq2_xxs": (llama32_1b, "IQ2_XXS"), "mistral3-3b": (ministral3_3b, "Q4_K_M"),
-          "gpt-oss-20b-6l": (gpt_oss_20b, "MXFP4_MOE")}
+          "gpt-oss-20b-6l": (gpt_oss_20b, "MXFP4"), "gemma4-e2b": (gemma4_e2b, "Q4_K_M"),
+          "qwen3.5-0.8b": (qwen35_08b, "Q4_K_M")}
 
 
 def _spec(name: str, shape: tuple[int, ...]) -> TensorSpec:
     # as a converter writes them: vectors, biases and the router F32, matrices F16
-    f32 = len(shape) == 1 or name.endswith((".bias", "ffn_gate_inp.weight"))
+    f32 = len(shape) == 1 or name.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight"))
     return TensorSpec(name, "F32" if f32 else "F16", shape)
 
 
 def _values(rng, name: str, shape: tuple[int, ...]) -> np.ndarray:
     """float32 values of the right scale: norms near 1, small biases, matrices ~ N(0, 1/n_in)
     (embeddings ~ N(0, 1))."""
+    if name.endswith("ssm_a"):  # decays: exp(softplus(.) * ssm_a) < 1
+        return (-np.exp(rng.uniform(-3.0, 0.0, shape))).astype(np.float32)
     if len(shape) == 1 or name.endswith(".bias"):
         base = 0.0 if name.endswith((".bias", "attn_sinks.weight")) else 1.0
         return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32)
