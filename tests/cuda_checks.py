@@ -221,20 +221,6 @@ def check_geglu():
     assert_bits_equal(out.copy_to_host(), ops.geglu(g, u), "geglu")
 
 
-@check("argmax")
-def check_argmax():
-    """numpy's argmax: the first index among equal maxima, wherever the threads met them."""
-    from llamatui.inference.cuda.elementwise import argmax
-    rng = check_rng(7)
-    x = rng.standard_normal((4, 1000)).astype(np.float32)
-    x[1, 10] = x[1, 900] = x[1, 500] = 50.0
-    x[2] = 1.0
-    x[3, -1] = np.inf
-    out = zeros_on_device(4, np.int32)
-    argmax(to_device(x), out)
-    np.testing.assert_array_equal(out.copy_to_host(), x.argmax(axis=1))
-
-
 def host_greedy(logits):
     """What the host does with each row of raw logits at a greedy step: its sampler's token
     (Sampler._sample_greedy: numpy's argmax, the lowest id on ties), or -1 where the scheduler

@@ -86,7 +86,6 @@ def launch_everything() -> None:
     elementwise.swiglu(x, x, np.zeros_like(x))
     elementwise.swiglu_oai(x, x, 1.702, 7.0, np.zeros_like(x))
     elementwise.geglu(x, x, np.zeros_like(x), elementwise.GELU_TABLE)
-    elementwise.argmax(x, np.zeros(2, np.int32))
     sampling.greedy_tokens(x, np.zeros(2, np.int32))
     rows = {}
     for cache_type in attention.KV_TYPES:

@@ -11,7 +11,7 @@ backends placed on the GPUs as the device-neutral plan (`inference/placement.py`
   numba's simulator in CI); `graphs.py` replays decode steps as CUDA graphs.
 - kernels: `dequant.py` (per-type block decoders, dequantize / get-rows), `matvec.py` (fused
   dequantize-dot for decoding), `attention.py` (softmax attention over the f32 / f16 / q8_0 KV
-  cache), `elementwise.py` (RMS norm, RoPE, SwiGLU, GeGLU, argmax), `kv.py` (K/V rows written in
+  cache), `elementwise.py` (RMS norm, RoPE, SwiGLU, GeGLU), `kv.py` (K/V rows written in
   the cache's type), `sampling.py` (greedy tokens, so that a greedy step downloads token ids); `device.py` holds what the GPU and numba's CUDA simulator do differently.
 
 This package imports numba.cuda only through the kernel and backend modules; `probe` and

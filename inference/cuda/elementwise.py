@@ -1,4 +1,4 @@
-"""RMS norm, RoPE, the gated activations and greedy argmax on the device.
+"""RMS norm, RoPE and the gated activations on the device.
 
 Each kernel computes what its CPU twin in `llamatui.inference.cpu.ops` computes, in float32:
 - `rms_norm`: y = x / sqrt(mean(x²) + eps) * w, one block per row (ggml-cuda/norm.cu
@@ -15,8 +15,7 @@ Each kernel computes what its CPU twin in `llamatui.inference.cpu.ops` computes,
   (unary.cu swiglu_oai_kernel).
 - `geglu`: gelu_tanh(g) * u through ggml's fp16 GELU table as the CPU computes it (g rounded to
   fp16 indexes the table; exact beyond ±10): bit for bit cpu.ops.geglu.
-- `argmax`: the index of each row's largest value, the first one on ties like numpy
-  (ggml-cuda/argmax.cu); rows must hold no NaN.
+(The argmax of greedy sampling is sampling.py's.)
 """
 from __future__ import annotations
 
@@ -26,14 +25,12 @@ import numpy as np
 from numba import cuda
 
 from ..quants.fp16 import GELU_F16_TABLE
-from .device import (NEG_INF, ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half_bits, mul_rn,
-                     shfl_xor_f32, shfl_xor_i32)
+from .device import ONE, SIMULATED, WARP, ZERO, block_sum, f32_to_half_bits, mul_rn
 
 # threads per block; the simulator runs each thread as a Python thread and each barrier as a
 # polling round over them, so it gets one warp (the kernels take any whole number of warps)
 NORM_THREADS = 32 if SIMULATED else 256
 ELEMENT_THREADS = 256
-ARGMAX_THREADS = 64 if SIMULATED else 1024
 _TEN = np.float32(10.0)
 _MINUS_TEN = np.float32(-10.0)
 
@@ -214,54 +211,3 @@ def geglu(gate, up, out, table, stream=0):
     if tuple(table.shape) != (1 << 16,):
         raise ValueError(f"geglu: the GELU table has {tuple(table.shape)} values, not 65536")
     return _gated("geglu", geglu_kernel, gate, up, out, stream, table)
-
-
-# ----------------------------------------------------------------------------- argmax
-
-
-@cuda.jit
-def argmax_kernel(x, out):
-    """out[r] = the first index of row r's maximum: one block per row, each thread scans a
-    stride, then (value, index) pairs meet in warp shuffles and shared memory."""
-    best_v = cuda.shared.array(WARP, np.float32)
-    best_i = cuda.shared.array(WARP, np.int32)
-    r = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
-    lane = tid % WARP
-    n = x.shape[1]
-    v = NEG_INF
-    idx = np.int32(n)
-    for j in range(tid, n, cuda.blockDim.x):
-        if x[r, j] > v or (x[r, j] == v and j < idx):
-            v = x[r, j]
-            idx = np.int32(j)
-    for stage in range(2):  # within each warp, then across the warps' winners
-        for lane_mask in (16, 8, 4, 2, 1):
-            ov = shfl_xor_f32(v, lane_mask)
-            oi = shfl_xor_i32(idx, lane_mask)
-            if ov > v or (ov == v and oi < idx):
-                v = ov
-                idx = oi
-        if stage == 0:
-            if lane == 0:
-                best_v[tid // WARP] = v
-                best_i[tid // WARP] = idx
-            cuda.syncthreads()
-            if lane < (cuda.blockDim.x + WARP - 1) // WARP:
-                v = best_v[lane]
-                idx = best_i[lane]
-            else:
-                v = NEG_INF
-                idx = np.int32(n)
-    if tid == 0:
-        out[r] = idx
-
-
-def argmax(x, out, stream=0):
-    """out[r] = argmax of row r of x (n, vocab) float32; out int32 (n,). Returns out."""
-    _check_f32("argmax", x=x)
-    if len(x.shape) != 2 or tuple(out.shape) != (x.shape[0],) or out.dtype != np.int32:
-        raise ValueError(f"argmax: x {tuple(x.shape)} into out {out.dtype} {tuple(out.shape)}")
-    if x.shape[0] and x.shape[1]:
-        argmax_kernel[x.shape[0], ARGMAX_THREADS, stream](x, out)
-    return out
