@@ -31,7 +31,6 @@ from .tool_calls import ReplyText, ToolCall, ToolPlan, _partial_suffix
 
 CHANNEL, CHANNEL_END, THOUGHT = "<|channel>", "<channel|>", "thought"
 CALL, CALL_END, CALL_HEAD, QUOTE = "<|tool_call>", "<tool_call|>", "<|tool_call>call:", '<|"|>'
-DETECT = "'<|tool_call>call:'"  # how common_chat_try_specialized_template spots the template
 TURN = "<|turn>model\n"  # the generation prompt
 NO_THINKING = CHANNEL + THOUGHT + "\n" + CHANNEL_END  # what it adds with thinking off
 SPACE = " \t\n\v\f\r"  # std::isspace, as the PEG parser's space()
@@ -220,10 +219,10 @@ class Gemma4Stream(ReplyText):
         self.thought = ""
         self.calls: list[ToolCall] = []
         self.sent: list[str] = []  # the arguments streamed per call
-        # llama.cpp parses the generation prompt with the reply: with thinking off it is an
-        # empty thought, which --reasoning-format none shows as content
-        # and reads an opening `<|turn>model\n`, the model's own when the prompt has none
-        # (after a tool's response)
+        # llama.cpp parses the generation prompt with the reply: an opening `<|turn>model\n`
+        # is read as the model's own when the prompt lacks it (after a tool's response), and
+        # with thinking off the prompt's empty thought is part of the reply (content with
+        # --reasoning-format none)
         self.turn = not prompt_text.endswith((TURN, NO_THINKING))
         self.owed: list[dict] = []
         if prompt_text.endswith(NO_THINKING):
