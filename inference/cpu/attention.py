@@ -386,70 +386,10 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
     part_m = np.empty((items, grp), np.float32)
     part_l = np.empty((items, grp), np.float32)
     part_o = np.empty((items, grp, d_v), np.float32)
-    for it in numba.prange(items):
-        t = it // (n_head_kv * n_pieces)
-        g = (it // n_pieces) % n_head_kv
-        m0 = (it % n_pieces) * piece
-        span = min(counts[t], m0 + piece) - m0
-        if span <= 0:  # nothing visible (or fewer pieces for this token): skipped
-            for r in range(grp):
-                part_m[it, r] = -np.inf
-                part_l[it, r] = 0.0
-            continue
-        cells = visible[t, m0:m0 + span]
-        s = np.empty((grp, span), np.float32)
-        for r in range(grp):
-            qo = (t * n_head + g * grp + r) * d_k
-            ko = g * d_k
-            for mb in range(0, span, 16):
-                if r == 0:  # the next cells' K rows and these cells' V rows, ahead of use:
-                    # in a step of many sequences the cache is far outside the CPU's caches,
-                    # and a sequence's cells are interleaved with the others'
-                    for i in range(mb + 16, min(mb + 32, span)):
-                        _kv_prefetch(k, cells[i], ko, d_k)
-                    for i in range(mb, min(mb + 16, span)):
-                        _kv_prefetch(v, cells[i], g * d_v, d_v)
-                if mb + 16 <= span:
-                    _scores16(q, qo, k, ko, cells, mb, d_k, s, r * span + mb)
-                else:  # the last cells one at a time
-                    for i in range(mb, span):
-                        acc = vzero()
-                        for c in range(0, d_k, 16):
-                            acc = vfma(vload(q, qo + c), _kv_vec(k, cells[i], ko + c), acc)
-                        s[r, i] = vsum(acc)
-            mx = np.float32(-np.inf)
-            if additive or softcap > np.float32(0.0):
-                for i in range(span):
-                    x = _softcapped(s[r, i], softcap) * scale
-                    if additive:
-                        x += mask[t, cells[i]]
-                    s[r, i] = x
-                    mx = max(mx, x)
-            else:
-                mx = _scale_and_max(s, r * span, span, scale)
-            total = np.float32(0.0)
-            for i in range(span):
-                e = exp_f32(s[r, i] - mx) if mx != -np.inf else np.float32(0.0)
-                s[r, i] = e
-                total += e
-            part_m[it, r] = mx
-            part_l[it, r] = total
-        r = 0
-        while r < grp:  # the p-weighted V rows, up to four query heads per pass over them
-            if grp - r >= 3:
-                nh = min(4, grp - r)
-                _weighted_rows4(s, r, nh, span, v, cells, g * d_v, d_v, part_o,
-                                (it * grp + r) * d_v)
-                r += nh
-            else:
-                _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o,
-                               (it * grp + r) * d_v)
-                r += 1
-        if n_pieces == 1:  # the only piece: its rows are the result (as the merge gives them)
-            for r in range(grp):
-                inv = _normalizer(part_m[it, r], part_l[it, r], sinks, g * grp + r)
-                for c in range(d_v):
-                    out[t, g * grp + r, c] = part_o[it, r, c] * inv
+    for it in numba.prange(items):  # one call per item: the parallel loop stays small to
+        # compile (numba's parfor passes on the inlined body took seconds)
+        _attend_item(np.int64(it), q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
+                     sinks, piece, out, additive, n_pieces, part_m, part_l, part_o)
     for t in range(n if n_pieces > 1 else 0):  # the pieces merged, on this thread
         for g in range(n_head_kv):
             base = (t * n_head_kv + g) * n_pieces
@@ -472,6 +412,78 @@ def _attention_decode(q, k, v, n_head_kv, mask, visible, counts, scale, softcap,
                     out[t, g * grp + r, c] *= inv
     if serial:
         threads_set(threads)
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def _attend_item(it, q, k, v, n_head_kv, mask, visible, counts, scale, softcap, sinks, piece,
+                 out, additive, n_pieces, part_m, part_l, part_o):
+    """`_attention_decode`'s work item `it`: (token, KV head, piece of cells)."""
+    n_head, d_k = q.shape[1], q.shape[2]
+    d_v = out.shape[2]
+    grp = n_head // n_head_kv
+    t = it // (n_head_kv * n_pieces)
+    g = (it // n_pieces) % n_head_kv
+    m0 = (it % n_pieces) * piece
+    span = min(counts[t], m0 + piece) - m0
+    if span <= 0:  # nothing visible (or fewer pieces for this token): skipped
+        for r in range(grp):
+            part_m[it, r] = -np.inf
+            part_l[it, r] = 0.0
+        return
+    cells = visible[t, m0:m0 + span]
+    s = np.empty((grp, span), np.float32)
+    for r in range(grp):
+        qo = (t * n_head + g * grp + r) * d_k
+        ko = g * d_k
+        for mb in range(0, span, 16):
+            if r == 0:  # the next cells' K rows and these cells' V rows, ahead of use:
+                # in a step of many sequences the cache is far outside the CPU's caches,
+                # and a sequence's cells are interleaved with the others'
+                for i in range(mb + 16, min(mb + 32, span)):
+                    _kv_prefetch(k, cells[i], ko, d_k)
+                for i in range(mb, min(mb + 16, span)):
+                    _kv_prefetch(v, cells[i], g * d_v, d_v)
+            if mb + 16 <= span:
+                _scores16(q, qo, k, ko, cells, mb, d_k, s, r * span + mb)
+            else:  # the last cells one at a time
+                for i in range(mb, span):
+                    acc = vzero()
+                    for c in range(0, d_k, 16):
+                        acc = vfma(vload(q, qo + c), _kv_vec(k, cells[i], ko + c), acc)
+                    s[r, i] = vsum(acc)
+        mx = np.float32(-np.inf)
+        if additive or softcap > np.float32(0.0):
+            for i in range(span):
+                x = _softcapped(s[r, i], softcap) * scale
+                if additive:
+                    x += mask[t, cells[i]]
+                s[r, i] = x
+                mx = max(mx, x)
+        else:
+            mx = _scale_and_max(s, r * span, span, scale)
+        total = np.float32(0.0)
+        for i in range(span):
+            e = exp_f32(s[r, i] - mx) if mx != -np.inf else np.float32(0.0)
+            s[r, i] = e
+            total += e
+        part_m[it, r] = mx
+        part_l[it, r] = total
+    r = 0
+    while r < grp:  # the p-weighted V rows, up to four query heads per pass over them
+        if grp - r >= 3:
+            nh = min(4, grp - r)
+            _weighted_rows4(s, r, nh, span, v, cells, g * d_v, d_v, part_o,
+                            (it * grp + r) * d_v)
+            r += nh
+        else:
+            _weighted_rows(s, r, span, v, cells, g * d_v, d_v, part_o,
+                           (it * grp + r) * d_v)
+            r += 1
+    if n_pieces == 1:  # the only piece: its rows are the result (as the merge gives them)
+        for r in range(grp):
+            inv = _normalizer(part_m[it, r], part_l[it, r], sinks, g * grp + r)
+            for c in range(d_v):
+                out[t, g * grp + r, c] = part_o[it, r, c] * inv
 
 
 @numba.njit(cache=True, nogil=True, inline="always", error_model="numpy")

@@ -272,42 +272,70 @@ def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
 
 
 @njit(inline="always")
-def _matmul(wp, parts, x, out, serial, block):
-    """x (n, k) @ W.T into out (flat): part p's rows [parts[p], parts[p + 1]) as a C-contiguous
-    (n, rows) array from out[n * parts[p]]; parallel over groups of 16 rows unless `serial`"""
+def _group(g, wp, parts, xq, xd, xs32, n, k, out, block):
+    """group g's 16 rows for all n tokens into out (flat): part p's rows [parts[p],
+    parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]"""
+    _, nb, GB = wp.shape
+    p = 0
+    while parts[p + 1] <= GROUP * g:
+        p += 1
+    N = parts[p + 1] - parts[p]
+    o0 = n * parts[p] + GROUP * g - parts[p]
+    t = 0
+    while t + 8 <= n:
+        _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
+        t += 8
+    while t < n:
+        _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
+        t += 1
+
+
+# One compiled group function per format, called from the parallel loop rather than inlined
+# into it: numba's parfor passes copy and re-analyse a loop's whole body, which cost seconds
+# of the first run's compilation with the tiles inlined there.
+
+@njit(**_JIT)
+def _group_q4_0(g, wp, parts, xq, xd, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q4_0)
+
+
+@njit(**_JIT)
+def _group_q4_1(g, wp, parts, xq, xd, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q4_1)
+
+
+@njit(**_JIT)
+def _group_q8_0(g, wp, parts, xq, xd, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q8_0)
+
+
+# x (n, k) @ W.T into out (flat), parallel over groups of 16 rows unless `serial`
+
+@njit(parallel=True, **_JIT)
+def matmul_q4_0(wp, parts, x, out, serial):
     threads = _serial_begin(serial)
-    n_groups, nb, GB = wp.shape
-    n, k = x.shape
     xq, xd, _, xs32 = quantize_activations(x, QK)
-    for g in prange(n_groups):
-        p = 0
-        while parts[p + 1] <= GROUP * g:
-            p += 1
-        N = parts[p + 1] - parts[p]
-        o0 = n * parts[p] + GROUP * g - parts[p]
-        t = 0
-        while t + 8 <= n:
-            _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
-            t += 8
-        while t < n:
-            _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
-            t += 1
+    for g in prange(wp.shape[0]):
+        _group_q4_0(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
     _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
-def matmul_q4_0(wp, parts, x, out, serial):
-    _matmul(wp, parts, x, out, serial, _block_q4_0)
-
-
-@njit(parallel=True, **_JIT)
 def matmul_q4_1(wp, parts, x, out, serial):
-    _matmul(wp, parts, x, out, serial, _block_q4_1)
+    threads = _serial_begin(serial)
+    xq, xd, _, xs32 = quantize_activations(x, QK)
+    for g in prange(wp.shape[0]):
+        _group_q4_1(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
+    _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
 def matmul_q8_0(wp, parts, x, out, serial):
-    _matmul(wp, parts, x, out, serial, _block_q8_0)
+    threads = _serial_begin(serial)
+    xq, xd, _, xs32 = quantize_activations(x, QK)
+    for g in prange(wp.shape[0]):
+        _group_q8_0(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
+    _serial_end(serial, threads)
 
 
 Q4_0.register_kernels("cpu_packed", PackedFormat(((2, 16), (0, 2)), 0, matmul_q4_0))
