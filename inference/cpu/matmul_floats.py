@@ -7,7 +7,8 @@ from __future__ import annotations
 from numba import njit
 
 from ..quants.floats import BF16, F16
-from .matmul_kernels import EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _rows
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
+                             _rows)
 from .simd import vbf16, vf16, vfma, vload
 
 # values and bytes each type's kernels step by along a row (catalog geometry through the type's
@@ -48,9 +49,14 @@ def matvec_id_f16(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_f16, F16_VALUES, F16_BYTES)
 
 
+@njit(**JIT)
+def _quad_f16(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_f16, F16_VALUES, F16_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_f16(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_f16, F16_VALUES, F16_BYTES)
+    _matmat(w, x, out, serial, _quad_f16, _deq_f16, F16_VALUES, F16_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -71,9 +77,14 @@ def matvec_id_bf16(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_bf16, BF16_VALUES, BF16_BYTES)
 
 
+@njit(**JIT)
+def _quad_bf16(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_bf16, BF16_VALUES, BF16_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_bf16(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_bf16, BF16_VALUES, BF16_BYTES)
+    _matmat(w, x, out, serial, _quad_bf16, _deq_bf16, BF16_VALUES, BF16_BYTES)
 
 
 @njit(parallel=True, **EXACT)

@@ -16,7 +16,7 @@ from numba import njit
 from ..quants.fp16 import fp16_to_fp32
 from ..quants.grids import IQ1S_DELTA, IQ1S_GRID
 from ..quants.iq1 import IQ1_M, IQ1_S
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id,
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
                              _pair, _rows)
 from .simd import (ld, ld_f16, ld_u8, ld_u16, ld_u32, vadd, vbcast, vcvt, vfma, vload, vmul,
                    vsigned16)
@@ -137,9 +137,14 @@ def matvec_id_iq1_s(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq1_s, IQ1_S_VALUES, IQ1_S_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq1_s(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq1_s, IQ1_S_VALUES, IQ1_S_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq1_s(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq1_s, IQ1_S_VALUES, IQ1_S_BYTES)
+    _matmat(w, x, out, serial, _quad_iq1_s, _deq_iq1_s, IQ1_S_VALUES, IQ1_S_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -161,9 +166,14 @@ def matvec_id_iq1_m(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq1_m, IQ1_M_VALUES, IQ1_M_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq1_m(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq1_m, IQ1_M_VALUES, IQ1_M_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq1_m(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq1_m, IQ1_M_VALUES, IQ1_M_BYTES)
+    _matmat(w, x, out, serial, _quad_iq1_m, _deq_iq1_m, IQ1_M_VALUES, IQ1_M_BYTES)
 
 
 @njit(parallel=True, **EXACT)

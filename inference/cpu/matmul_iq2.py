@@ -18,7 +18,8 @@ from numba import njit
 
 from ..quants.grids import KSIGNS_IQ2XS
 from ..quants.iq2 import IQ2_S, IQ2_XS, IQ2_XXS, IQ2S_VALUES, IQ2XS_VALUES, IQ2XXS_VALUES
-from .matmul_kernels import EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _rows
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
+                             _rows)
 from .simd import ld, ld_f16, ld_u8, ld_u16, ld_u32, vbcast, vfma, vload, vmul, vsigned_rows, vzero
 
 IQ2_XXS_VALUES, IQ2_XXS_BYTES = IQ2_XXS.span(MIN_STEP)
@@ -179,9 +180,14 @@ def matvec_id_iq2_xxs(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq2_xxs, IQ2_XXS_VALUES, IQ2_XXS_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq2_xxs(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq2_xxs, IQ2_XXS_VALUES, IQ2_XXS_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq2_xxs(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq2_xxs, IQ2_XXS_VALUES, IQ2_XXS_BYTES)
+    _matmat(w, x, out, serial, _quad_iq2_xxs, _deq_iq2_xxs, IQ2_XXS_VALUES, IQ2_XXS_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -203,9 +209,14 @@ def matvec_id_iq2_xs(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq2_xs, IQ2_XS_VALUES, IQ2_XS_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq2_xs(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq2_xs, IQ2_XS_VALUES, IQ2_XS_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq2_xs(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq2_xs, IQ2_XS_VALUES, IQ2_XS_BYTES)
+    _matmat(w, x, out, serial, _quad_iq2_xs, _deq_iq2_xs, IQ2_XS_VALUES, IQ2_XS_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -227,9 +238,14 @@ def matvec_id_iq2_s(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq2_s, IQ2_S_VALUES, IQ2_S_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq2_s(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq2_s, IQ2_S_VALUES, IQ2_S_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq2_s(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq2_s, IQ2_S_VALUES, IQ2_S_BYTES)
+    _matmat(w, x, out, serial, _quad_iq2_s, _deq_iq2_s, IQ2_S_VALUES, IQ2_S_BYTES)
 
 
 @njit(parallel=True, **EXACT)

@@ -16,7 +16,7 @@ from numba import njit
 
 from ..quants.grids import IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS
 from ..quants.iq3 import IQ3_S, IQ3_XXS
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id,
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
                              _pair, _rows)
 from .simd import ld, ld_f16, ld_u8, ld_u32, vbcast, vcvt, vfma, vmul, vsigned16
 
@@ -130,9 +130,14 @@ def matvec_id_iq3_xxs(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq3_xxs, IQ3_XXS_VALUES, IQ3_XXS_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq3_xxs(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq3_xxs, IQ3_XXS_VALUES, IQ3_XXS_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq3_xxs(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq3_xxs, IQ3_XXS_VALUES, IQ3_XXS_BYTES)
+    _matmat(w, x, out, serial, _quad_iq3_xxs, _deq_iq3_xxs, IQ3_XXS_VALUES, IQ3_XXS_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -154,9 +159,14 @@ def matvec_id_iq3_s(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq3_s, IQ3_S_VALUES, IQ3_S_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq3_s(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq3_s, IQ3_S_VALUES, IQ3_S_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq3_s(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq3_s, IQ3_S_VALUES, IQ3_S_BYTES)
+    _matmat(w, x, out, serial, _quad_iq3_s, _deq_iq3_s, IQ3_S_VALUES, IQ3_S_BYTES)
 
 
 @njit(parallel=True, **EXACT)

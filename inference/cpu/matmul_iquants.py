@@ -11,8 +11,8 @@ from numba import njit
 
 from ..quants.base import IQ4_LEVELS
 from ..quants.iquants import IQ4_NL, IQ4_XS
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _nib,
-                             _pair, _rows)
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
+                             _nib, _pair, _rows)
 from .simd import ld_f16, ld_u8, ld_u16, vbcast, vfma, vlut, vmul
 
 # values and bytes each type's kernels step by along a row (catalog geometry through the type's
@@ -70,9 +70,14 @@ def matvec_id_iq4_nl(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_nl, IQ4_NL_VALUES, IQ4_NL_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq4_nl(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq4_nl, IQ4_NL_VALUES, IQ4_NL_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq4_nl(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq4_nl, IQ4_NL_VALUES, IQ4_NL_BYTES)
+    _matmat(w, x, out, serial, _quad_iq4_nl, _deq_iq4_nl, IQ4_NL_VALUES, IQ4_NL_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -94,9 +99,14 @@ def matvec_id_iq4_xs(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_iq4_xs, IQ4_XS_VALUES, IQ4_XS_BYTES)
 
 
+@njit(**JIT)
+def _quad_iq4_xs(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_iq4_xs, IQ4_XS_VALUES, IQ4_XS_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_iq4_xs(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_iq4_xs, IQ4_XS_VALUES, IQ4_XS_BYTES)
+    _matmat(w, x, out, serial, _quad_iq4_xs, _deq_iq4_xs, IQ4_XS_VALUES, IQ4_XS_BYTES)
 
 
 @njit(parallel=True, **EXACT)

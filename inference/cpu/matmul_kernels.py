@@ -257,7 +257,7 @@ def _tile4x4(w, bo, rb, x, xo, k, nb, deq, BS, TS, out, oo, N, pf):
 
 
 @njit(inline="always")
-def _matmat(w, x, out, serial, deq, BS, TS):
+def _matmat(w, x, out, serial, quad, deq, BS, TS):
     """out[t, r] = x[t] . W[r] for a few tokens (a decode step of several sequences); the token
     count must be a multiple of 4 (the caller pads).
 
@@ -274,20 +274,9 @@ def _matmat(w, x, out, serial, deq, BS, TS):
     rb = w.shape[1]
     nt = x.shape[0]
     k = x.shape[1]
-    N = out.shape[1]
     nb = k // BS
-    for rq in prange(nrows // 4):
-        r = 4 * rq
-        t = 0
-        while t + 8 <= nt:
-            _tile2x8(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r, N,
-                     (r + 4) * rb)
-            _tile2x8(w, (r + 2) * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r + 2, N,
-                     (r + 6) * rb)
-            t += 8
-        if t < nt:
-            _tile4x4(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r, N,
-                     (r + 4) * rb)
+    for rq in prange(nrows // 4):  # the format's `_quad`, compiled on its own (see there)
+        quad(np.int64(rq), w, x, out)
     for r in range(nrows // 4 * 4, nrows):
         for t in range(nt):
             a = vzero()
@@ -300,6 +289,29 @@ def _matmat(w, x, out, serial, deq, BS, TS):
                 xo += BS
             out[t, r] = vsum(a)
     _serial_end(serial, threads)
+
+
+@njit(inline="always")
+def _quad(rq, w, x, out, deq, BS, TS):
+    """`_matmat`'s work item: rows 4rq..4rq+3 for every token. Each format wraps it in a
+    function of its own (`_quad_<type>`) that the parallel loop calls rather than inlines:
+    numba's parfor passes copy and analyse a loop's whole body, which cost seconds of a first
+    run's compilation per format. (Not one function taking `deq`: a dispatcher argument keeps
+    numba from caching the kernel.)"""
+    rb = w.shape[1]
+    nt = x.shape[0]
+    k = x.shape[1]
+    N = out.shape[1]
+    nb = k // BS
+    r = 4 * rq
+    t = 0
+    while t + 8 <= nt:
+        _tile2x8(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r, N, (r + 4) * rb)
+        _tile2x8(w, (r + 2) * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r + 2, N,
+                 (r + 6) * rb)
+        t += 8
+    if t < nt:
+        _tile4x4(w, r * rb, rb, x, t * k, k, nb, deq, BS, TS, out, t * N + r, N, (r + 4) * rb)
 
 
 # ================================================================== helpers of the block formats

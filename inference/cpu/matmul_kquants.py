@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from ..quants.kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id,
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
                              _pair, _rows)
 from .simd import (ld, ld_f16, ld_i8, ld_u8, ld_u32, vbcast, vcvt, vfma, viand, vibcast, vior,
                    vishl, vishr, visub, vload, vmul, vsub, vu8)
@@ -227,9 +227,14 @@ def matvec_id_q2_k(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q2_k, Q2_K_VALUES, Q2_K_BYTES)
 
 
+@njit(**JIT)
+def _quad_q2_k(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q2_k, Q2_K_VALUES, Q2_K_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q2_k(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q2_k, Q2_K_VALUES, Q2_K_BYTES)
+    _matmat(w, x, out, serial, _quad_q2_k, _deq_q2_k, Q2_K_VALUES, Q2_K_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -250,9 +255,14 @@ def matvec_id_q3_k(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q3_k, Q3_K_VALUES, Q3_K_BYTES)
 
 
+@njit(**JIT)
+def _quad_q3_k(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q3_k, Q3_K_VALUES, Q3_K_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q3_k(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q3_k, Q3_K_VALUES, Q3_K_BYTES)
+    _matmat(w, x, out, serial, _quad_q3_k, _deq_q3_k, Q3_K_VALUES, Q3_K_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -273,9 +283,14 @@ def matvec_id_q4_k(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_k, Q4_K_VALUES, Q4_K_BYTES)
 
 
+@njit(**JIT)
+def _quad_q4_k(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q4_k, Q4_K_VALUES, Q4_K_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q4_k(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q4_k, Q4_K_VALUES, Q4_K_BYTES)
+    _matmat(w, x, out, serial, _quad_q4_k, _deq_q4_k, Q4_K_VALUES, Q4_K_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -296,9 +311,14 @@ def matvec_id_q5_k(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_k, Q5_K_VALUES, Q5_K_BYTES)
 
 
+@njit(**JIT)
+def _quad_q5_k(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q5_k, Q5_K_VALUES, Q5_K_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q5_k(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q5_k, Q5_K_VALUES, Q5_K_BYTES)
+    _matmat(w, x, out, serial, _quad_q5_k, _deq_q5_k, Q5_K_VALUES, Q5_K_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -319,9 +339,14 @@ def matvec_id_q6_k(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q6_k, Q6_K_VALUES, Q6_K_BYTES)
 
 
+@njit(**JIT)
+def _quad_q6_k(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q6_k, Q6_K_VALUES, Q6_K_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q6_k(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q6_k, Q6_K_VALUES, Q6_K_BYTES)
+    _matmat(w, x, out, serial, _quad_q6_k, _deq_q6_k, Q6_K_VALUES, Q6_K_BYTES)
 
 
 @njit(parallel=True, **EXACT)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from numba import njit
 
 from ..quants.legacy import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _nib,
-                             _pair, _rows)
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
+                             _nib, _pair, _rows)
 from .simd import (ld, ld_f16, ld_u32, vadd, vbcast, vcvt, vfma, vi8, viand, vibcast, viota, vior,
                    vishl, vishrv, visub, vmul)
 
@@ -112,9 +112,14 @@ def matvec_id_q4_0(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_0, Q4_0_VALUES, Q4_0_BYTES)
 
 
+@njit(**JIT)
+def _quad_q4_0(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q4_0, Q4_0_VALUES, Q4_0_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q4_0(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q4_0, Q4_0_VALUES, Q4_0_BYTES)
+    _matmat(w, x, out, serial, _quad_q4_0, _deq_q4_0, Q4_0_VALUES, Q4_0_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -135,9 +140,14 @@ def matvec_id_q4_1(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q4_1, Q4_1_VALUES, Q4_1_BYTES)
 
 
+@njit(**JIT)
+def _quad_q4_1(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q4_1, Q4_1_VALUES, Q4_1_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q4_1(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q4_1, Q4_1_VALUES, Q4_1_BYTES)
+    _matmat(w, x, out, serial, _quad_q4_1, _deq_q4_1, Q4_1_VALUES, Q4_1_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -158,9 +168,14 @@ def matvec_id_q5_0(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_0, Q5_0_VALUES, Q5_0_BYTES)
 
 
+@njit(**JIT)
+def _quad_q5_0(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q5_0, Q5_0_VALUES, Q5_0_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q5_0(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q5_0, Q5_0_VALUES, Q5_0_BYTES)
+    _matmat(w, x, out, serial, _quad_q5_0, _deq_q5_0, Q5_0_VALUES, Q5_0_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -181,9 +196,14 @@ def matvec_id_q5_1(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q5_1, Q5_1_VALUES, Q5_1_BYTES)
 
 
+@njit(**JIT)
+def _quad_q5_1(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q5_1, Q5_1_VALUES, Q5_1_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q5_1(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q5_1, Q5_1_VALUES, Q5_1_BYTES)
+    _matmat(w, x, out, serial, _quad_q5_1, _deq_q5_1, Q5_1_VALUES, Q5_1_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -204,9 +224,14 @@ def matvec_id_q8_0(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_q8_0, Q8_0_VALUES, Q8_0_BYTES)
 
 
+@njit(**JIT)
+def _quad_q8_0(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_q8_0, Q8_0_VALUES, Q8_0_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_q8_0(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_q8_0, Q8_0_VALUES, Q8_0_BYTES)
+    _matmat(w, x, out, serial, _quad_q8_0, _deq_q8_0, Q8_0_VALUES, Q8_0_BYTES)
 
 
 @njit(parallel=True, **EXACT)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from numba import njit
 
 from ..quants.mxfp4 import MXFP4, MXFP4_LEVELS, e8m0_half
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id, _pair,
-                             _rows)
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
+                             _pair, _rows)
 from .simd import ld_u8, vbcast, vfma, vishr, vload, vmul, vperm16, vu8
 
 # values and bytes the kernels step by along a row (catalog geometry through the type's class):
@@ -50,9 +50,14 @@ def matvec_id_mxfp4(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_mxfp4, MXFP4_VALUES, MXFP4_BYTES)
 
 
+@njit(**JIT)
+def _quad_mxfp4(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_mxfp4, MXFP4_VALUES, MXFP4_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_mxfp4(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_mxfp4, MXFP4_VALUES, MXFP4_BYTES)
+    _matmat(w, x, out, serial, _quad_mxfp4, _deq_mxfp4, MXFP4_VALUES, MXFP4_BYTES)
 
 
 @njit(parallel=True, **EXACT)

@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from ..quants.ternary import POW3, TQ1_0, TQ1_D, TQ1_QS, TQ2_0, TQ2_QS
-from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _matvec, _matvec_id,
+from .matmul_kernels import (EXACT, JIT, MIN_STEP, TypeKernels, _matmat, _quad, _matvec, _matvec_id,
                              _rows)
 from .simd import (ld_f16, ld_u32, vbcast, vcvt, vfma, viand, vibcast, viota, vishl, vishr, vishrv,
                    vimul, visub, vload, vloadi, vmul, vu8)
@@ -94,9 +94,14 @@ def matvec_id_tq1_0(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_tq1_0, TQ1_0_VALUES, TQ1_0_BYTES)
 
 
+@njit(**JIT)
+def _quad_tq1_0(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_tq1_0, TQ1_0_VALUES, TQ1_0_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_tq1_0(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_tq1_0, TQ1_0_VALUES, TQ1_0_BYTES)
+    _matmat(w, x, out, serial, _quad_tq1_0, _deq_tq1_0, TQ1_0_VALUES, TQ1_0_BYTES)
 
 
 @njit(parallel=True, **EXACT)
@@ -117,9 +122,14 @@ def matvec_id_tq2_0(w, x, experts, x_rows, out, serial):
     _matvec_id(w, x, experts, x_rows, out, serial, _dot_tq2_0, TQ2_0_VALUES, TQ2_0_BYTES)
 
 
+@njit(**JIT)
+def _quad_tq2_0(rq, w, x, out):
+    _quad(rq, w, x, out, _deq_tq2_0, TQ2_0_VALUES, TQ2_0_BYTES)
+
+
 @njit(parallel=True, **JIT)
 def matmat_tq2_0(w, x, out, serial):
-    _matmat(w, x, out, serial, _deq_tq2_0, TQ2_0_VALUES, TQ2_0_BYTES)
+    _matmat(w, x, out, serial, _quad_tq2_0, _deq_tq2_0, TQ2_0_VALUES, TQ2_0_BYTES)
 
 
 @njit(parallel=True, **EXACT)
