@@ -60,20 +60,30 @@ def _sum_of_squares(x, r):
     return s
 
 
+@numba.njit(inline="always")
+def _rms_norm_row(x, w, eps, out, r):
+    d = x.shape[1]
+    s = _sum_of_squares(x, r)
+    mean = np.float32(s / d)
+    scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+    for i in range(d):
+        out[r, i] = (x[r, i] * scale) * w[i]
+
+
+# Each row kernel twice: parallel over rows, and on the calling thread for a row or a few (a
+# decode step's). Numba's parallel loops cost a first run ~0.3 s of compilation each, which a
+# short prompt and its reply then need not pay.
+
 @numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _rms_norm_rows(x, w, eps, out, serial):
-    threads = threads_get()
-    if serial:
-        threads_set(1)
-    n_rows, d = x.shape
-    for r in numba.prange(n_rows):
-        s = _sum_of_squares(x, r)
-        mean = np.float32(s / d)
-        scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
-        for i in range(d):
-            out[r, i] = (x[r, i] * scale) * w[i]
-    if serial:
-        threads_set(threads)
+def _rms_norm_rows(x, w, eps, out):
+    for r in numba.prange(x.shape[0]):
+        _rms_norm_row(x, w, eps, out, r)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _rms_norm_rows_here(x, w, eps, out):
+    for r in range(x.shape[0]):
+        _rms_norm_row(x, w, eps, out, r)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -84,8 +94,8 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         raise ValueError(f"rms_norm: weight of shape {w.shape} for rows of {d}")
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
     out = np.empty_like(x2)
-    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out,
-                   x2.size < PARALLEL_MIN_VALUES)
+    kernel = _rms_norm_rows_here if x2.size < PARALLEL_MIN_VALUES else _rms_norm_rows
+    kernel(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
     return out.reshape(shape)
 
 
@@ -309,56 +319,68 @@ def softmax_masked_inplace(s: np.ndarray, mask: np.ndarray, scale: float,
 # ----------------------------------------------------------------------------- gated activations
 
 
+@numba.njit(inline="always")
+def _swiglu_row(g, u, out, r):
+    for i in range(g.shape[1]):
+        x = g[r, i]
+        out[r, i] = x / (np.float32(1.0) + exp_f32(-x)) * u[r, i]  # ggml_v_silu's form
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _swiglu(g, u, out, serial):
-    threads = threads_get()
-    if serial:
-        threads_set(1)
-    n, d = g.shape
-    for r in numba.prange(n):
-        for i in range(d):
-            x = g[r, i]
-            out[r, i] = x / (np.float32(1.0) + exp_f32(-x)) * u[r, i]  # ggml_v_silu's form
-    if serial:
-        threads_set(threads)
+def _swiglu(g, u, out):
+    for r in numba.prange(g.shape[0]):
+        _swiglu_row(g, u, out, r)
 
 
-def _gated(name: str, kernel, gate: np.ndarray, up: np.ndarray, *tables) -> np.ndarray:
-    """kernel(gate, up, *tables, out, serial) on float32 2-D arrays of one shape: a new array."""
+@numba.njit(cache=True, nogil=True)
+def _swiglu_here(g, u, out):
+    for r in range(g.shape[0]):
+        _swiglu_row(g, u, out, r)
+
+
+def _gated(name: str, kernels, gate: np.ndarray, up: np.ndarray, *tables) -> np.ndarray:
+    """kernel(gate, up, *tables, out) on float32 2-D arrays of one shape: a new array; kernels:
+    (parallel over rows, on this thread), the second for a product too small to share."""
     g = np.ascontiguousarray(gate, dtype=np.float32)
     u = np.ascontiguousarray(up, dtype=np.float32)
     if g.shape != u.shape or g.ndim != 2:
         raise ValueError(f"{name}: gate {g.shape} and up {u.shape}")
     out = np.empty_like(g)
-    kernel(g, u, *tables, out, g.size < PARALLEL_MIN_VALUES)
+    kernels[g.size < PARALLEL_MIN_VALUES](g, u, *tables, out)
     return out
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up, float32, same shape (2-D)."""
-    return _gated("swiglu", _swiglu, gate, up)
+    return _gated("swiglu", (_swiglu, _swiglu_here), gate, up)
+
+
+@numba.njit(inline="always")
+def _swiglu_oai_row(g, u, alpha, limit, out, r):
+    for i in range(g.shape[1]):
+        x = min(g[r, i], limit)
+        y = min(max(u[r, i], -limit), limit)
+        # libm's expf, as ggml's scalar loop
+        out[r, i] = x / (np.float32(1.0) + math.exp(alpha * -x)) * (y + np.float32(1.0))
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _swiglu_oai(g, u, alpha, limit, out, serial):
-    threads = threads_get()
-    if serial:
-        threads_set(1)
-    n, d = g.shape
-    for r in numba.prange(n):
-        for i in range(d):
-            x = min(g[r, i], limit)
-            y = min(max(u[r, i], -limit), limit)
-            # libm's expf, as ggml's scalar loop
-            out[r, i] = x / (np.float32(1.0) + math.exp(alpha * -x)) * (y + np.float32(1.0))
-    if serial:
-        threads_set(threads)
+def _swiglu_oai(g, u, alpha, limit, out):
+    for r in numba.prange(g.shape[0]):
+        _swiglu_oai_row(g, u, alpha, limit, out, r)
+
+
+@numba.njit(cache=True, nogil=True)
+def _swiglu_oai_here(g, u, alpha, limit, out):
+    for r in range(g.shape[0]):
+        _swiglu_oai_row(g, u, alpha, limit, out, r)
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> np.ndarray:
     """gpt-oss's clamped SwiGLU (ggml_compute_forward_swiglu_oai_f32): x = min(gate, limit),
     y = clamp(up, -limit, limit), x · sigmoid(alpha · x) · (y + 1); float32, 2-D."""
-    return _gated("swiglu_oai", _swiglu_oai, gate, up, np.float32(alpha), np.float32(limit))
+    return _gated("swiglu_oai", (_swiglu_oai, _swiglu_oai_here), gate, up, np.float32(alpha),
+                  np.float32(limit))
 
 
 
@@ -367,23 +389,28 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> 
 _fp16_index = fp32_to_fp16_hw if HAS_HW_FP16 else fp32_to_fp16
 
 
+@numba.njit(inline="always")
+def _geglu_row(g, u, table, out, r):
+    for i in range(g.shape[1]):
+        x = g[r, i]
+        y = table[_fp16_index(x)] * u[r, i]  # branch-free, so the loop vectorizes
+        if x <= -10.0:
+            y = np.float32(0.0)
+        elif x >= 10.0:
+            y = x * u[r, i]
+        out[r, i] = y
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _geglu_table(g, u, table, out, serial):
-    threads = threads_get()
-    if serial:
-        threads_set(1)
-    n, d = g.shape
-    for r in numba.prange(n):
-        for i in range(d):
-            x = g[r, i]
-            y = table[_fp16_index(x)] * u[r, i]  # branch-free, so the loop vectorizes
-            if x <= -10.0:
-                y = np.float32(0.0)
-            elif x >= 10.0:
-                y = x * u[r, i]
-            out[r, i] = y
-    if serial:
-        threads_set(threads)
+def _geglu_table(g, u, table, out):
+    for r in numba.prange(g.shape[0]):
+        _geglu_row(g, u, table, out, r)
+
+
+@numba.njit(cache=True, nogil=True)
+def _geglu_table_here(g, u, table, out):
+    for r in range(g.shape[0]):
+        _geglu_row(g, u, table, out, r)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -417,7 +444,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up as ggml's CPU computes it (fp16 GELU table), float32 (2-D)."""
-    return _gated("geglu", _geglu_table, gate, up, GELU_F16_TABLE)
+    return _gated("geglu", (_geglu_table, _geglu_table_here), gate, up, GELU_F16_TABLE)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
