@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -52,20 +51,27 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from compare import LLAMA_CPP_PROBE, ours, peer  # noqa: E402
+import bandwidth  # noqa: E402
+from compare import (DEFAULT_LLAMA_BENCH, LLAMA_CPP_PROBE, llama_bench, ours,  # noqa: E402
+                     peer)
 from synthetic_models import tokenizer_metadata, typed  # noqa: E402
 
 from llamatui.inference.catalog import MIXES_BY_NAME  # noqa: E402
-from llamatui.inference.gguf import GGUFValueType, GGUFWriter  # noqa: E402
+from llamatui.inference.gguf import GGUFFile, GGUFValueType, GGUFWriter  # noqa: E402
 from llamatui.quantizer.model import ModelFacts, TensorSpec, plan_tensor_types  # noqa: E402
 from llamatui.inference.quants import quantize  # noqa: E402
 
 N_VOCAB = 151936
 POOL_ROWS = 16384
+DEFAULT_CACHE = pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "bench-models"
 DENSE = {"tg128": 1.0, "pp512": 1.5}
+# big models decode at the memory's speed: llamatui's decode should read its weights at >= 85%
+# of the bandwidth probe's figure (issue 29)
+BIG = {"tg128": 1.0, "pp512": 2.0, "bandwidth": 0.85}
 TARGETS = {"qwen2.5-0.5b": DENSE, "qwen3-30b-a3b-6l": {"tg128": 0.8},
            "llama3.2-1b-iq2_xxs": DENSE, "mistral3-3b": DENSE, "gpt-oss-20b-6l": DENSE,
-           "gemma4-e2b": DENSE, "qwen3.5-0.8b": DENSE}
+           "gemma4-e2b": DENSE, "qwen3.5-0.8b": DENSE, "qwen2.5-1.5b": DENSE,
+           "qwen2.5-3b": BIG, "llama3.1-8b": BIG}
 
 
 def qwen25_05b() -> tuple[str, dict, list[TensorSpec]]:
@@ -84,6 +90,26 @@ def qwen25_05b() -> tuple[str, dict, list[TensorSpec]]:
               (p + "ffn_norm.weight", (e,)), (p + "ffn_gate.weight", (n_ff, e)),
               (p + "ffn_up.weight", (n_ff, e)), (p + "ffn_down.weight", (e, n_ff))]
     return "qwen2", md, [_spec(name, shape) for name, shape in t]
+
+
+def qwen25_15b() -> tuple[str, dict, list[TensorSpec]]:
+    """Qwen2.5-1.5B's shape (qwen2): 28 layers, 1536 wide, 12 query / 2 KV heads of 128, FFN
+    8960, 151,936 tokens, output tied to the embeddings, Q/K/V biases."""
+    return _qwen25_shape(n_layer=28, e=1536, n_ff=8960, n_head=12, n_kv=2, d=128)
+
+
+def qwen25_3b() -> tuple[str, dict, list[TensorSpec]]:
+    """Qwen2.5-3B's shape (qwen2): 36 layers, 2048 wide, 16 query / 2 KV heads of 128, FFN
+    11008, 151,936 tokens, output tied to the embeddings, Q/K/V biases."""
+    return _qwen25_shape(n_layer=36, e=2048, n_ff=11008, n_head=16, n_kv=2, d=128)
+
+
+def _qwen25_shape(n_layer, e, n_ff, n_head, n_kv, d) -> tuple[str, dict, list[TensorSpec]]:
+    md, specs = _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, N_VOCAB, tied=True,
+                             qkv_bias=True)
+    md.update({"context_length": 32768, "rope.freq_base": 1e6,
+               "attention.layer_norm_rms_epsilon": 1e-6})
+    return "qwen2", md, specs
 
 
 def qwen3_30b_a3b(n_layer: int = 6) -> tuple[str, dict, list[TensorSpec]]:
@@ -115,6 +141,16 @@ def llama32_1b() -> tuple[str, dict, list[TensorSpec]]:
     md, specs = _llama_shape(n_layer=16, e=2048, n_ff=8192, n_head=32, n_kv=8, d=64,
                              n_vocab=128256, tied=True)
     md.update({"context_length": 131072, "rope.freq_base": 500000.0, "rope.dimension_count": 64,
+               "attention.layer_norm_rms_epsilon": 1e-5})
+    return "llama", md, specs
+
+
+def llama31_8b() -> tuple[str, dict, list[TensorSpec]]:
+    """Llama-3.1-8B's shape: 32 layers, 4096 wide, 32 query / 8 KV heads of 128, FFN 14336,
+    128,256 tokens, an output matrix of its own."""
+    md, specs = _llama_shape(n_layer=32, e=4096, n_ff=14336, n_head=32, n_kv=8, d=128,
+                             n_vocab=128256, tied=False)
+    md.update({"context_length": 131072, "rope.freq_base": 500000.0, "rope.dimension_count": 128,
                "attention.layer_norm_rms_epsilon": 1e-5})
     return "llama", md, specs
 
@@ -240,7 +276,7 @@ def qwen35_08b() -> tuple[str, dict, list[TensorSpec]]:
     return "qwen35", md, [_spec(name, shape) for name, shape in t]
 
 
-def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
+def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied, qkv_bias=False):
     md = {"embedding_length": e, "block_count": n_layer, "feed_forward_length": n_ff,
           "attention.head_count": n_head, "attention.head_count_kv": n_kv}
     t = [("token_embd.weight", (n_vocab, e)), ("output_norm.weight", (e,))]
@@ -253,6 +289,9 @@ def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
               (p + "attn_output.weight", (e, n_head * d)), (p + "ffn_norm.weight", (e,)),
               (p + "ffn_gate.weight", (n_ff, e)), (p + "ffn_up.weight", (n_ff, e)),
               (p + "ffn_down.weight", (e, n_ff))]
+        if qkv_bias:
+            t += [(p + "attn_q.bias", (n_head * d,)), (p + "attn_k.bias", (n_kv * d,)),
+                  (p + "attn_v.bias", (n_kv * d,))]
     return md, [_spec(name, shape) for name, shape in t]
 
 
@@ -260,7 +299,8 @@ def _llama_shape(n_layer, e, n_ff, n_head, n_kv, d, n_vocab, tied):
 MODELS = {"qwen2.5-0.5b": (qwen25_05b, "Q4_K_M"), "qwen3-30b-a3b-6l": (qwen3_30b_a3b, "Q4_K_M"),
           "llama3.2-1b-iq2_xxs": (llama32_1b, "IQ2_XXS"), "mistral3-3b": (ministral3_3b, "Q4_K_M"),
           "gpt-oss-20b-6l": (gpt_oss_20b, "MXFP4"), "gemma4-e2b": (gemma4_e2b, "Q4_K_M"),
-          "qwen3.5-0.8b": (qwen35_08b, "Q4_K_M")}
+          "qwen3.5-0.8b": (qwen35_08b, "Q4_K_M"), "qwen2.5-1.5b": (qwen25_15b, "Q4_K_M"),
+          "qwen2.5-3b": (qwen25_3b, "Q4_K_M"), "llama3.1-8b": (llama31_8b, "Q4_K_M")}
 
 
 def _spec(name: str, shape: tuple[int, ...]) -> TensorSpec:
@@ -393,22 +433,6 @@ def cpu_probe(probe: str, module: str, path: pathlib.Path):
     return json.loads(proc.stdout.strip().splitlines()[-1]), None
 
 
-def llama_bench(binary: str, path: pathlib.Path, threads: int, reps: int):
-    """llama-bench's pp512 and tg128 (its mean t/s over `reps`) on the file: ({test: t/s}, None)
-    or (None, why not)."""
-    proc = subprocess.run([binary, "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
-                           "-r", str(reps), "-o", "json"], capture_output=True, text=True)
-    if proc.returncode:
-        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
-    res = {}
-    for row in json.loads(proc.stdout):
-        if (row["n_prompt"], row["n_gen"]) == (512, 0):
-            res["pp512"] = row["avg_ts"]
-        elif (row["n_prompt"], row["n_gen"]) == (0, 128):
-            res["tg128"] = row["avg_ts"]
-    return res, None
-
-
 def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool = False,
             bench_binary: str | None = None):
     """Rounds of llamatui and llama.cpp in turn (who goes first alternates), each round `reps`
@@ -439,7 +463,79 @@ def measure(path: pathlib.Path, threads: int, reps: int, rounds: int, cpu: bool 
     return mine, (theirs if why is None else None), why
 
 
-def main():
+def decode_bytes(path: pathlib.Path) -> int:
+    """The weight bytes one decode step reads, summed over the file's tensors (their sizes on
+    disk): every tensor whole, except that of a token-embedding table (token_embd, Gemma's
+    per_layer_token_embd) only the token's row is read, and of an MoE layer's expert tensors
+    only the chosen experts' share (expert_used_count of expert_count). With the output tied to
+    the embeddings, token_embd is read whole as the output matrix: counted once, whole. The KV
+    cache that tg128 reads beside them is left out (a few MiB at most)."""
+    with GGUFFile.open(path) as f:
+        md, arch = f.metadata, f.architecture
+        used = (md.get(f"{arch}.expert_used_count", 1), md.get(f"{arch}.expert_count", 1))
+        tied = "output.weight" not in f.tensors
+        return sum(_bytes_per_token(t, tied, *used) for t in f.tensors.values())
+
+
+def _bytes_per_token(t, tied: bool, n_used: int, n_expert: int) -> int:
+    if t.name == "token_embd.weight" and tied:
+        return t.nbytes
+    if t.name.endswith("token_embd.weight"):
+        return t.nbytes // t.shape[0]
+    if "_exps." in t.name:
+        return t.nbytes * n_used // n_expert
+    return t.nbytes
+
+
+def _verdict(value: float, target: float | None, shown: str) -> str:
+    if target is None:
+        return ""
+    return f" (target ≥ {shown}: {'met' if value >= target else 'MISSED'})"
+
+
+def print_table(mine: dict, theirs: dict | None, why: str | None) -> None:
+    print(f"| {'runtime':10s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | rounds (pp; tg)")
+    print(f"|{'-' * 12}|{'-' * 11}:|{'-' * 11}:|{'-' * 16}")
+    for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
+        if res is None:
+            print(f"| {label:10s} | {'—':>10s} | {'—':>10s} |  ({why})")
+            continue
+        rounds = "; ".join(" ".join(f"{v:.1f}" for v in res[t]) for t in ("pp512", "tg128"))
+        print(f"| {label:10s} | {max(res['pp512']):10.1f} | {max(res['tg128']):10.1f} | "
+              f"{rounds}")
+
+
+def print_ratios(name: str, mine: dict, theirs: dict) -> None:
+    for test in ("pp512", "tg128"):
+        ratio = max(mine[test]) / max(theirs[test])
+        target = TARGETS[name].get(test)
+        shown = "" if target is None else f"{target:.1f}x"
+        print(f"{test}: llamatui / llama.cpp = {ratio:.2f}x{_verdict(ratio, target, shown)}")
+
+
+def print_bandwidth(name: str, path: pathlib.Path, mine: dict, theirs: dict | None,
+                    probe_gbs: float) -> None:
+    """Decode's weight reads per second (bytes per token times tg128's best tokens/s), for each
+    runtime, and as a share of the bandwidth probe's figure."""
+    per_token = decode_bytes(path)
+    shares, parts = {}, []
+    for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
+        if res is not None:
+            gbs = per_token * max(res["tg128"]) / 1e9
+            shares[label] = gbs / probe_gbs
+            parts.append(f"{label} {gbs:.1f} GB/s = {shares[label]:.0%}")
+    target = TARGETS[name].get("bandwidth")
+    shown = "" if target is None else f"{target:.0%} for llamatui"
+    print(f"decode bandwidth ({per_token / 1e9:.2f} GB of weights per token; % of the probe's "
+          f"{probe_gbs:.1f} GB/s): {', '.join(parts)}"
+          f"{_verdict(shares['llamatui'], target, shown)}")
+
+
+def _load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
@@ -447,45 +543,35 @@ def main():
                     help="rounds of both runtimes in turn; the best round of each is compared")
     ap.add_argument("--cpu", action="store_true",
                     help="tokens per CPU-second on one thread instead of wall-clock speed")
-    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH")
-                    or shutil.which("llama-bench"),
+    ap.add_argument("--llama-bench", default=DEFAULT_LLAMA_BENCH,
                     help="llama.cpp's llama-bench binary (wall-clock mode; default: $LLAMA_BENCH "
                          "or llama-bench on PATH; none: llama-cpp-python)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--cache", type=pathlib.Path,
-                    default=pathlib.Path(platformdirs.user_cache_dir("llamatui")) / "bench-models")
-    args = ap.parse_args()
+    ap.add_argument("--cache", type=pathlib.Path, default=DEFAULT_CACHE)
+    return ap.parse_args()
+
+
+def main():
+    args = parse_args()
+    threads = 1 if args.cpu else args.threads
+    probe_gbs = bandwidth.probe(threads)
+    print(f"# memory read bandwidth (benchmarks/bandwidth.py, {threads} thread(s)): "
+          f"{probe_gbs:.1f} GB/s", flush=True)
     for name in args.models:
         path = cached_model(name, args.cache)
         bench_binary = None if args.cpu else args.llama_bench
-        peer_name = bench_binary or "llama-cpp-python"
         how = "1 thread, tokens per CPU-second" if args.cpu else \
             f"-t {args.threads}, {args.repetitions} repetitions"
         print(f"\n## {name}: {path.name}, {path.stat().st_size / 2**20:.0f} MiB "
-              f"({how}, {args.rounds} rounds; "
-              f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-              f"llama.cpp: {peer_name})", flush=True)
+              f"({how}, {args.rounds} rounds; load average {_load_average()}; "
+              f"llama.cpp: {bench_binary or 'llama-cpp-python'})", flush=True)
         mine, theirs, why = measure(path, args.threads, args.repetitions, args.rounds, args.cpu,
                                     bench_binary)
-        print(f"| {'runtime':10s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | rounds (pp; tg)")
-        print(f"|{'-' * 12}|{'-' * 11}:|{'-' * 11}:|{'-' * 16}")
-        for label, res in (("llamatui", mine), ("llama.cpp", theirs)):
-            if res is None:
-                print(f"| {label:10s} | {'—':>10s} | {'—':>10s} |  ({why})")
-                continue
-            rounds = "; ".join(" ".join(f"{v:.1f}" for v in res[t]) for t in ("pp512", "tg128"))
-            print(f"| {label:10s} | {max(res['pp512']):10.1f} | {max(res['tg128']):10.1f} | "
-                  f"{rounds}")
-        if theirs is None:
-            continue
-        for test in ("pp512", "tg128"):
-            ratio = max(mine[test]) / max(theirs[test])
-            target = TARGETS[name].get(test)
-            verdict = "" if target is None else \
-                f" (target ≥ {target:.1f}x: {'met' if ratio >= target else 'MISSED'})"
-            print(f"{test}: llamatui / llama.cpp = {ratio:.2f}x{verdict}")
-        print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}",
-              flush=True)
+        print_table(mine, theirs, why)
+        if theirs is not None:
+            print_ratios(name, mine, theirs)
+        print_bandwidth(name, path, mine, theirs, probe_gbs)
+        print(f"load average after: {_load_average()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """llamatui against its peers, measured in one run on this machine.
 
     python benchmarks/compare.py [-t 2] [-r 3] [--models smollm2-135m gemma3-270m]
-                                 [--transformers-python VENV/bin/python]
+                                 [--llama-bench PATH] [--transformers-python VENV/bin/python]
 
-For each starter model: llama-bench's pp512 and tg128 for llamatui, and for llama.cpp (through
-llama-cpp-python) and Hugging Face transformers (PyTorch CPU, loading the same GGUF) when they are
-installed; decoding with 3000 tokens already in the cache (tg64 @ d3000, llamatui and llama.cpp);
+For each model (a starter, or one of bench_archs.py's synthetic shapes such as qwen2.5-0.5b):
+llama-bench's pp512 and tg128 for llamatui, and for llama.cpp (its own llama-bench when one is
+found: --llama-bench, $LLAMA_BENCH or on PATH; else llama-cpp-python) and Hugging Face
+transformers (PyTorch CPU, loading the same GGUF) when they are installed; decoding with 3000
+tokens already in the cache (tg64 @ d3000, llamatui, and llama.cpp through llama-cpp-python);
 then llamatui's time to first token from a cold process with a warm kernel cache
 (`llamatui run -n 1`: process start, load, an 8-token prompt, first token) and its peak RSS while
 generating 128 tokens. Ratios are llamatui / peer: above 1 means llamatui is faster.
@@ -13,12 +15,14 @@ generating 128 tokens. Ratios are llamatui / peer: above 1 means llamatui is fas
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+DEFAULT_LLAMA_BENCH = os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
 
 
 def ours(path, threads, reps):
@@ -26,6 +30,23 @@ def ours(path, threads, reps):
                           "-p", "512", "-n", "128", "-t", str(threads), "-r", str(reps),
                           "-o", "json"], capture_output=True, text=True, check=True).stdout
     return {("pp512" if r["n_prompt"] else "tg128"): r["avg_ts"] for r in json.loads(out)}
+
+
+def llama_bench(binary, path, threads, reps):
+    """llama-bench's pp512 and tg128 (its mean t/s over `reps`) on the file: ({test: t/s}, None)
+    or (None, why not)."""
+    proc = subprocess.run([binary, "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
+                           "-r", str(reps), "-o", "json"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode:
+        return None, proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"
+    res = {}
+    for row in json.loads(proc.stdout):
+        if (row["n_prompt"], row["n_gen"]) == (512, 0):
+            res["pp512"] = row["avg_ts"]
+        elif (row["n_prompt"], row["n_gen"]) == (0, 128):
+            res["tg128"] = row["avg_ts"]
+    return res, None
 
 
 DEPTH, DEPTH_GEN = 3000, 64
@@ -150,27 +171,49 @@ def start_and_memory(path, threads):
     return min(times), rss
 
 
+def model_path(name):
+    """A starter model (pulled as `llamatui pull` does), or one of bench_archs.py's synthetic
+    shapes (written once into its cache folder)."""
+    import bench_archs  # here, not at the top: bench_archs imports this module
+    if name in bench_archs.MODELS:
+        return bench_archs.cached_model(name, bench_archs.DEFAULT_CACHE)
+    from conftest import _starter
+    return _starter(name)
+
+
+def peers(path, args):
+    """(label, {test: t/s} or None, why not) for llama.cpp and transformers."""
+    if args.llama_bench:
+        rows = [("llama.cpp", *llama_bench(args.llama_bench, path, args.threads,
+                                           args.repetitions))]
+    else:
+        rows = [("llama.cpp", *peer(LLAMA_CPP_PROBE, "llama_cpp", path, args.threads,
+                                    args.repetitions))]
+    rows.append(("transformers", *peer(TRANSFORMERS_PROBE, "transformers", path, args.threads,
+                                       args.repetitions, args.transformers_python)))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
-    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"],
+                    help="starter models, or bench_archs.py's synthetic shapes")
+    ap.add_argument("--llama-bench", default=DEFAULT_LLAMA_BENCH,
+                    help="llama.cpp's llama-bench binary for pp512 and tg128 (default: "
+                         "$LLAMA_BENCH or llama-bench on PATH; none: llama-cpp-python)")
     ap.add_argument("--transformers-python", default=sys.executable,
                     help="the Python that has torch and transformers (a separate venv keeps "
                          "their multi-GB install out of llamatui's)")
     args = ap.parse_args()
-    from conftest import _starter
 
     for name in args.models:
-        path = _starter(name)
-        print(f"\n## {path.name} (-t {args.threads}, {args.repetitions} repetitions)")
+        path = model_path(name)
+        print(f"\n## {path.name} (-t {args.threads}, {args.repetitions} repetitions; "
+              f"llama.cpp: {args.llama_bench or 'llama-cpp-python'})")
         mine = ours(path, args.threads, args.repetitions)
-        rows = [("llamatui", mine, None)]
-        for label, probe, module, python in (
-                ("llama.cpp", LLAMA_CPP_PROBE, "llama_cpp", sys.executable),
-                ("transformers", TRANSFORMERS_PROBE, "transformers", args.transformers_python)):
-            res, why = peer(probe, module, path, args.threads, args.repetitions, python)
-            rows.append((label, res, why))
+        rows = [("llamatui", mine, None), *peers(path, args)]
         print(f"| {'runtime':12s} | {'pp512 t/s':>10s} | {'tg128 t/s':>10s} | "
               f"{'pp ratio':>9s} | {'tg ratio':>9s} |")
         print(f"|{'-' * 14}|{'-' * 12}:|{'-' * 12}:|{'-' * 10}:|{'-' * 10}:|")
