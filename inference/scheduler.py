@@ -29,8 +29,8 @@ request's `emit` callback (from the thread that steps; the callback must be quic
   penalties or logprobs: Sampler.argmax_only) on a model that samples on its GPU
   (Model.samples_greedy) gets the token ids from the device, not the logits
   (Model.decode_tokens); any other step brings every output row's logits to the host samplers.
-- Precision: matrices the packed 8-bit kernels take (matmul_packed: Q4_0, Q4_1, Q8_0) use them in
-  every step, and they compute each token on its own; attention visits a token's cells by
+- Precision: matrices the packed 8-bit kernels take (matmul_packed: Q4_0, Q4_1, Q5_0, Q8_0,
+  Q4_K, Q6_K) use them in every step, and they compute each token on its own; attention visits a token's cells by
   position, and a row whose logits are sampled always takes its per-token kernel: a request's
   tokens are then the same whatever shares its steps and whether its prompt was cached (the
   prompt rows of a large step go through attention's GEMM, whose sums can differ with the

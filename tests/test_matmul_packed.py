@@ -14,7 +14,8 @@ from llamatui.inference.backend import QWeight
 from llamatui.inference.cpu.backend import CPUBackend
 from llamatui.inference.gguf import GGUFFile, release_pages
 from test_matmul import RTOL, reference
-from test_matmul_int8 import ROUNDING, int8_decode, pytestmark, rounded  # noqa: F401 (fixture, marks)
+from test_matmul_int8 import (ROUNDING, block_values, int8_decode, pytestmark,  # noqa: F401 (fixture, marks)
+                              rounded)
 from test_matmul_int8 import vectors as int8_vectors
 
 PACKED_TYPES = tuple(matmul_packed.KERNELS)
@@ -31,7 +32,7 @@ def check(type_name, raw, W, x):
     assert packed is not None
     got = mm.matmul(type_name, raw, x, packed=packed)
     scale = np.abs(x.astype(np.float64)) @ np.abs(W).T + 1e-30
-    err = np.abs(got - rounded(x, 32) @ W.T) / scale
+    err = np.abs(got - rounded(x, block_values(type_name)) @ W.T) / scale
     assert err.max() <= RTOL, f"{type_name}: {err.max():.2e} off the product with 8-bit activations"
     err = np.abs(got - x.astype(np.float64) @ W.T) / scale
     assert err.max() <= ROUNDING, f"{type_name}: {err.max():.2e} off the exact product"
@@ -50,7 +51,10 @@ def test_golden_vectors(vectors, type_name, n_tokens):
 
 @pytest.mark.parametrize("fixture,name", [("smollm2_path", "blk.0.ffn_gate.weight"),
                                           ("smollm2_path", "blk.3.ffn_down.weight"),
-                                          ("gemma3_path", "blk.0.attn_v.weight")])
+                                          ("gemma3_path", "blk.0.attn_v.weight"),
+                                          ("gemma3_path", "blk.0.attn_q.weight"),  # Q5_0
+                                          ("gemma3_path", "blk.5.attn_output.weight"),  # Q4_K
+                                          ("gemma3_path", "blk.0.ffn_down.weight")])  # Q6_K
 def test_model_tensors(request, fixture, name):
     with GGUFFile.open(request.getfixturevalue(fixture)) as f:
         t = f.tensors[name]
@@ -78,7 +82,7 @@ def test_what_packs(vectors):
     raw = vectors["Q4_1"]
     assert mm.packed_weight("Q4_1", raw) is not None
     assert mm.packed_weight("Q4_1", np.ascontiguousarray(raw[:24])) is None  # rows % 16
-    assert mm.packed_weight("Q4_K", vectors["Q4_K"]) is None  # no packed kernel
+    assert mm.packed_weight("Q5_K", vectors["Q5_K"]) is None  # no packed kernel
     with pytest.raises(ValueError, match="cannot be packed"):
         matmul_packed.pack("Q4_1", np.ascontiguousarray(raw[:24]))
 

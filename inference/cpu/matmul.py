@@ -13,8 +13,8 @@ Which types: those whose kernels registered against their class in inference/qua
 (matmul_floats, matmul_legacy, matmul_kquants, matmul_iquants; see matmul_kernels); ENGINE_TYPES,
 what the engine computes, is derived from them.
 
-Packed: a matrix of a format `matmul_packed` registered (Q4_0, Q4_1, Q8_0; rows a multiple of
-32 values, a multiple of 16 rows) that the caller packed once (`packed_weight`; the CPU backend
+Packed: a matrix of a format `matmul_packed` registered (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; a
+multiple of 16 rows) that the caller packed once (`packed_weight`; the CPU backend
 does at its first product) runs `matmul_packed`'s kernels for any number of tokens where the
 CPU has AVX512-VNNI or AVX-VNNI: 16 rows interleaved so that one vpdpbusd multiplies 4 values of
 16 rows, activations quantized to 8 bits as ggml does, and each token's result the same alone

@@ -18,15 +18,19 @@ result does not depend on its company, so the scheduler can batch any requests w
 what any of them samples (the discontinuity of 8-bit activations that `matmul_int8` explains is
 then the same in every batch).
 
-Formats (rows a multiple of 32 values, a multiple of 16 rows): Q4_0, Q4_1, Q8_0, each registered
-against its class as its "cpu_packed" kernels (`PackedFormat`: what to pack, and its kernel; the
-block's bytes come from the class). Per group of 16
-rows and block b the packed bytes are: the quantized values as 16-lane vectors (Q4_*: 4 vectors
-of 64 bytes, lane i = bytes 4p..4p+3 of row i's qs, low nibbles values 4p.., high nibbles
-16 + 4p..; Q8_0: 8 vectors, lane i = values 4j..4j+3 of row i, sign bit flipped to unsigned),
-then the 16 rows' scales d (halves), then (Q4_1) their mins m. The activations are quantized as
-`matmul_int8.quantize_activations` does (Q8_0 blocks of 32, with their scaled sums `xs32`); the
-offsets of Q4_0 (-8) and Q8_0 (-128 after the flip) and Q4_1's mins go through those sums.
+Formats (a multiple of 16 rows): Q4_0, Q4_1, Q5_0, Q8_0 (blocks of 32 values) and Q4_K, Q6_K
+(blocks of 256), each registered against its class as its "cpu_packed" kernels (`PackedFormat`:
+the fields of a block in packed order, each laid out by `_put`, and its kernel). Per group of 16
+rows and block the packed bytes are, field after field, 16-lane vectors: the quantized values
+(4 vectors of 64 bytes per 32 values for nibbles, lane i = bytes 4p..4p+3 of row i's qs: low
+nibbles values 4p.., high nibbles 16 + 4p.. or the next sub-block's; Q8_0: 8 vectors, sign bit
+flipped to unsigned), the fifth (Q5_0) or top two (Q6_K) bits rearranged so that one shift and
+mask puts them under their nibbles, the sub-block scales and mins as bytes (K-quants), then the
+16 rows' d (halves), dmin or m. The activations are quantized as
+`matmul_int8.quantize_activations` does (Q8_0 blocks of 32 with their scaled sums `xs32`; for the
+K-quants Q8_K blocks of 256 with their integer sums of 16, `xsum`, as ggml_vec_dot_q4_K_q8_K and
+_q6_K_q8_K use them); the offsets (Q4_0's -8, Q5_0's -16, Q6_K's -32, Q8_0's -128 after the flip)
+and the mins go through those sums.
 """
 from __future__ import annotations
 
@@ -36,19 +40,23 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import get_quant_type, kernels_of
-from ..quants.legacy import Q4_0, Q4_1, Q8_0
+from ..quants.kquants import Q4_K, Q6_K, Q8_K
+from ..quants.legacy import Q4_0, Q4_1, Q5_0, Q8_0
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
-from .simd import (ld, ld_u32, prefetch_stream, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma, viand,
-                   vibcast, vishr, vizero, vmul, vstore, vzero)
+from .simd import (ld, ld_u32, prefetch, vbcast, vbytes, vcvt, vdpbusd, vf16, vfma,
+                   vi8, viadd, viand, vibcast, vimul, vior, vishl, vishr, visub, vizero, vmul, vstore,
+                   vu8, vzero)
 
 GROUP = 16  # rows interleaved, one per lane
-QK = Q8_0.block_size  # values per block: the activations' (Q8_0) and every packed format's
+QK = Q8_0.block_size  # values per block: the activations' (Q8_0) and the 32-value formats'
+QK_K = Q8_K.block_size  # the K-quants' blocks and their activations' (Q8_K)
 PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
-# how far ahead of the block in use the weights are asked for, non-temporally: a step reads each
-# weight once, and the hint keeps them from evicting the KV cache and activations from L2/L3 (a
-# plain prefetch, or none, leaves the hardware prefetchers' copies in every cache level)
-STREAM_AHEAD = 2048
+# how far ahead of the block in use the weights are asked for, into every cache level: faster
+# than no hint from memory, and a model that fits the last-level cache stays there between
+# steps, which the non-temporal hint prevented on Intel server parts (prefetchnta's lines skip L2
+# and L3 on eviction: each step read the whole model from memory again; docs/performance.md)
+STREAM_AHEAD = 4096
 _JIT = dict(cache=True, fastmath=False, nogil=True)  # IEEE order: a token's result is fixed
 
 
@@ -77,39 +85,107 @@ def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     return view
 
 
-def _put_words(dst, qs, xor=0):
-    """dst (groups, nb, n_words * 64) <- word p of each row of a group one after the other (lane
-    i = row i); qs uint8 (n_out, nb, 4 * n_words), a block's quantized bytes"""
-    n_groups, nb, width = dst.shape
-    n_words = width // (4 * GROUP)
-    src = qs.reshape(n_groups, GROUP, nb, n_words, 4).transpose(0, 2, 3, 1, 4)
-    out = _shaped(dst, n_groups, nb, n_words, GROUP, 4)
-    if xor:
-        np.bitwise_xor(src, np.uint8(xor), out=out)
-    else:
-        out[...] = src
+def _put(dst, src, width):
+    """dst (groups, nb, bytes * 16) <- a field of every row (src uint8 (n_out, nb, bytes)), as
+    bytes / width vectors of 16 lanes: lane i of vector u = bytes u * width.. of row i's field"""
+    n_groups, nb, size = dst.shape
+    n_units = size // (width * GROUP)
+    _shaped(dst, n_groups, nb, n_units, GROUP, width)[...] = \
+        src.reshape(n_groups, GROUP, nb, n_units, width).transpose(0, 2, 3, 1, 4)
 
 
-def _put_halves(dst, halves):
-    """dst (groups, nb, 32) <- the 16 rows' halves of each block (row i at bytes 2i, 2i + 1)"""
-    n_groups, nb = dst.shape[:2]
-    _shaped(dst, n_groups, nb, GROUP, 2)[...] = \
-        halves.reshape(n_groups, GROUP, nb, 2).transpose(0, 2, 1, 3)
+def _bytes(at: int, size: int, width: int, xor: int = 0):
+    """a field that is bytes at..at+size of each block (XORed with `xor`), in lanes of `width`"""
+    def field(blocks):
+        part = blocks[:, :, at:at + size]
+        return (np.bitwise_xor(part, np.uint8(xor)) if xor else part), width
+    return field
+
+
+def _q5_0_high_bits(blocks):
+    """Q5_0's fifth bits (qh, bit j: value j) rearranged per row so that one shift and mask
+    puts them under the nibbles of packed word p: bit 8b + 4 + p is value 4p + b's (the low
+    nibble of byte 4p + b), bit 8b + p value 16 + 4p + b's (its high nibble)"""
+    qh = np.ascontiguousarray(blocks[:, :, 2:6]).view("<u4")[..., 0]
+    out = np.zeros(qh.shape, np.uint32)
+    for p in range(4):
+        for b in range(4):
+            out |= ((qh >> np.uint32(4 * p + b)) & np.uint32(1)) << np.uint32(8 * b + 4 + p)
+            out |= ((qh >> np.uint32(16 + 4 * p + b)) & np.uint32(1)) << np.uint32(8 * b + p)
+    return out.astype("<u4").view(np.uint8).reshape(*qh.shape, 4), 4
+
+
+def _k4_scales_mins(blocks):
+    """Q4_K's 6-bit sub-block scales and mins (ggml's get_scale_min_k4) as bytes: (scales,
+    mins), each (n_out, nb, 8)"""
+    q = blocks[:, :, 4:16].astype(np.uint8)
+    sc = np.empty(q.shape[:2] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4] = q[..., 0:4] & 63
+    mn[..., :4] = q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _q4_k_fields(blocks):
+    sc, mn = _k4_scales_mins(blocks)
+    return [(blocks[:, :, 16:144], 4), (sc, 1), (mn, 1), (blocks[:, :, 0:2], 2),
+            (blocks[:, :, 2:4], 2)]
+
+
+def _q6_k_values(blocks):
+    """Q6_K's 256 six-bit values of each block (0..63, before the -32), in order
+    (dequantize_row_q6_K's layout: ql's nibbles, qh's 2-bit pairs)"""
+    q = np.empty(blocks.shape[:2] + (256,), np.uint8)
+    for n in range(2):
+        ql = blocks[:, :, 64 * n:64 * n + 64]
+        qh = blocks[:, :, 128 + 32 * n:160 + 32 * n]
+        v = q[:, :, 128 * n:128 * n + 128]
+        v[..., 0:32] = (ql[..., :32] & 15) | ((qh & 3) << 4)
+        v[..., 32:64] = (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4)
+        v[..., 64:96] = (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4)
+        v[..., 96:128] = (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)
+    return q
+
+
+def _q6_k_fields(blocks):
+    """Q6_K packed as 4 pairs of 32-value chunks (j: values 64j..): their low nibbles as Q4_K's
+    qs (byte 32j + l: chunk 2j's value l low, 2j + 1's high), then their top 2 bits, a word per
+    two nibble words (word 4j + w covers nibble words 8j + 2w + i, i = 0, 1: the bits of chunk
+    c's value 4(2w + i) + b at 8b + 4i + 2c, so one shift and mask puts them at bits 4-5 under
+    their nibble), the 16 int8 scales (already in sub-block order) and d."""
+    q = _q6_k_values(blocks)
+    rows, nb = q.shape[:2]
+    pairs = q.reshape(rows, nb, 4, 2, 32)
+    nibbles = ((pairs[:, :, :, 0] & 15) | ((pairs[:, :, :, 1] & 15) << 4)).reshape(rows, nb, 128)
+    top = (pairs >> 4).astype(np.uint32).reshape(rows, nb, 4, 2, 4, 2, 4)  # j, c, w, i, b
+    shift = (8 * np.arange(4)[None, None, :] + 4 * np.arange(2)[None, :, None]
+             + 2 * np.arange(2)[:, None, None]).astype(np.uint32)  # c, i, b
+    words = (top << shift[None, None, None, :, None, :, :]).sum(axis=(3, 5, 6), dtype=np.uint32)
+    high = words.astype("<u4").view(np.uint8).reshape(rows, nb, 64)
+    return [(nibbles, 4), (high, 4), (blocks[:, :, 192:208], 1), (blocks[:, :, 208:210], 2)]
 
 
 class PackedFormat(NamedTuple):
     """How a format is packed and multiplied, registered against its class as its "cpu_packed"
-    kernels: (first byte, bytes) within a block of what is packed, in order (the quantized
-    values, d, then m where the format has one), the byte XORed into the quantized values (0:
-    none) and the kernel below."""
-    parts: tuple[tuple[int, int], ...]
-    xor: int
+    kernels: the fields of a block, in packed order (each fields(blocks) -> (uint8 (n_out, nb,
+    bytes), lane width); see `_put`), and the kernel below."""
+    fields: tuple
     kernel: object  # kernel(wp, parts, x, out, serial)
+
+    def arrange(self, blocks) -> list:
+        out = []
+        for field in self.fields:
+            got = field(blocks)
+            out.extend(got if isinstance(got, list) else [got])
+        return out
 
 
 def packs(type_name: str, n_out: int, n_in: int) -> bool:
     """Whether `pack` takes a matrix of this format and shape."""
-    return type_name in KERNELS and n_out % GROUP == 0 and n_in % QK == 0 and n_out > 0
+    return type_name in KERNELS and n_out % GROUP == 0 and n_out > 0 \
+        and n_in % get_quant_type(type_name).block_size == 0
 
 
 def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
@@ -117,28 +193,29 @@ def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
     written straight into the packed array (no temporary copies of the matrix), PACK_CHUNK bytes
     of rows at a time; release(rows) after each chunk is packed lets the caller drop the
     source's pages as it goes (a 262,144-token LM head would otherwise be resident twice)."""
-    parts, xor, _ = KERNELS[type_name]
-    type_size = get_quant_type(type_name).type_size
+    fmt = KERNELS[type_name]
+    qtype = get_quant_type(type_name)
     n_out, row_bytes = weight.shape
-    nb = row_bytes // type_size
-    if not packs(type_name, n_out, nb * QK) or row_bytes % type_size:
+    nb = row_bytes // qtype.type_size
+    if not packs(type_name, n_out, nb * qtype.block_size) or row_bytes % qtype.type_size:
         raise ValueError(f"{type_name} {weight.shape} cannot be packed")
-    rows = np.asarray(weight).reshape(n_out, nb, type_size)
-    group_block = GROUP * sum(size for _, size in parts)
-    data = np.empty((n_out // GROUP, nb, group_block), np.uint8)
+    rows = np.asarray(weight).reshape(n_out, nb, qtype.type_size)
+    data = None
     step = max(1, PACK_CHUNK // (GROUP * row_bytes)) * GROUP
     for r0 in range(0, n_out, step):
         r1 = min(n_out, r0 + step)
-        chunk, dst = rows[r0:r1], data[r0 // GROUP:r1 // GROUP]
-        (at, size), o = parts[0], GROUP * parts[0][1]
-        _put_words(dst[:, :, :o], chunk[:, :, at:at + size], xor)
-        for at, size in parts[1:]:
-            _put_halves(dst[:, :, o:o + 2 * GROUP], chunk[:, :, at:at + 2])
-            o += 2 * GROUP
+        fields = fmt.arrange(rows[r0:r1])
+        if data is None:
+            data = np.empty((n_out // GROUP, nb, GROUP * sum(f.shape[2] for f, _ in fields)),
+                            np.uint8)
+        dst, o = data[r0 // GROUP:r1 // GROUP], 0
+        for src, width in fields:
+            _put(dst[:, :, o:o + GROUP * src.shape[2]], src, width)
+            o += GROUP * src.shape[2]
         if release is not None:
             release(weight[r0:r1])
     data.flags.writeable = False  # one compiled signature, as the file's rows
-    return PackedWeight(type_name, data, n_out, nb * QK, _bounds([n_out]))
+    return PackedWeight(type_name, data, n_out, nb * qtype.block_size, _bounds([n_out]))
 
 
 def _bounds(n_outs) -> np.ndarray:
@@ -169,6 +246,9 @@ def fuse(parts: list[PackedWeight]) -> tuple[PackedWeight, list[PackedWeight]]:
 
 
 # ================================================================== one token, one block
+# block(wp, o, xq, xo, xd, xsum, xs32, acc): acc + one packed block of 16 rows (at byte o) times
+# a token's activations from value xo (xd, xs32 and xsum indexed by xo: its blocks of QB, 32
+# and 16 values)
 
 @njit(inline="always")
 def _sums_q4(wp, o, xq, xo):
@@ -179,6 +259,23 @@ def _sums_q4(wp, o, xq, xo):
         z = vbytes(wp, o + 64 * p)
         s = vdpbusd(s, viand(z, m4), vibcast(ld_u32(xq, xo + 4 * p)))
         s = vdpbusd(s, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 16 + 4 * p)))
+    return s
+
+
+@njit(inline="always")
+def _sums_q5(wp, o, xq, xo):
+    """as _sums_q4, each nibble given its fifth bit from the rearranged qh at o + 256 (see
+    _q5_0_high_bits): values 0..31"""
+    m4 = vibcast(0x0F0F0F0F)
+    m5 = vibcast(0x10101010)
+    h = vbytes(wp, o + 256)
+    s = vizero()
+    for p in range(4):
+        z = vbytes(wp, o + 64 * p)
+        lo = vior(viand(z, m4), viand(vishr(h, p), m5))
+        hi = vior(viand(vishr(z, 4), m4), viand(vishl(h, 4 - p), m5))
+        s = vdpbusd(s, lo, vibcast(ld_u32(xq, xo + 4 * p)))
+        s = vdpbusd(s, hi, vibcast(ld_u32(xq, xo + 16 + 4 * p)))
     return s
 
 
@@ -196,57 +293,132 @@ def _scaled(sums, d, xd, bi, acc):
     return vfma(vcvt(sums), vmul(d, vbcast(ld(xd, bi))), acc)
 
 
-# per format: the scaled sums, then the offset (-8, -128: times d) or the min (m) through the
-# token's scaled block sum xs32[bi]
+# per format: the scaled sums, then the offset (-8, -16, -128: times d) or the min (m) through
+# the token's scaled block sum xs32
 
 @njit(inline="always")
-def _block_q4_0(wp, o, xq, xo, xd, xs32, bi, acc):
+def _block_q4_0(wp, o, xq, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 256)
-    acc = _scaled(_sums_q4(wp, o, xq, xo), d, xd, bi, acc)
-    return vfma(d, vbcast(ld(xs32, bi) * np.float32(-8)), acc)
+    acc = _scaled(_sums_q4(wp, o, xq, xo), d, xd, xo // QK, acc)
+    return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-8)), acc)
 
 
 @njit(inline="always")
-def _block_q4_1(wp, o, xq, xo, xd, xs32, bi, acc):
-    acc = _scaled(_sums_q4(wp, o, xq, xo), vf16(wp, o + 256), xd, bi, acc)
-    return vfma(vf16(wp, o + 288), vbcast(ld(xs32, bi)), acc)
+def _block_q4_1(wp, o, xq, xo, xd, xsum, xs32, acc):
+    acc = _scaled(_sums_q4(wp, o, xq, xo), vf16(wp, o + 256), xd, xo // QK, acc)
+    return vfma(vf16(wp, o + 288), vbcast(ld(xs32, xo // QK)), acc)
 
 
 @njit(inline="always")
-def _block_q8_0(wp, o, xq, xo, xd, xs32, bi, acc):
+def _block_q5_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+    d = vf16(wp, o + 320)
+    acc = _scaled(_sums_q5(wp, o, xq, xo), d, xd, xo // QK, acc)
+    return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-16)), acc)
+
+
+@njit(inline="always")
+def _block_q8_0(wp, o, xq, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 512)
-    acc = _scaled(_sums_q8(wp, o, xq, xo), d, xd, bi, acc)
-    return vfma(d, vbcast(ld(xs32, bi) * np.float32(-128)), acc)
+    acc = _scaled(_sums_q8(wp, o, xq, xo), d, xd, xo // QK, acc)
+    return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-128)), acc)
+
+
+@njit(inline="always")
+def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
+    """a Q4_K block (256 values, 8 sub-blocks of 32) as ggml_vec_dot_q4_K_q8_K computes it:
+    integer sums times each sub-block's 6-bit scale, the mins times the activations' sub-block
+    sums (Q8_K's bsums), then d * xd and -dmin * xd. Packed: the qs as 32 words (word 8j + p:
+    bytes 32j + 4p.., low nibbles sub-block 2j, high 2j + 1), the 16 rows' scales of sub-block
+    s at 2048 + 16s, their mins at 2176 + 16s, d at 2304, dmin at 2336."""
+    m4 = vibcast(0x0F0F0F0F)
+    isum = vizero()
+    for j in range(4):
+        lo = vizero()
+        hi = vizero()
+        for p in range(8):
+            z = vbytes(wp, o + 512 * j + 64 * p)
+            lo = vdpbusd(lo, viand(z, m4), vibcast(ld_u32(xq, xo + 64 * j + 4 * p)))
+            hi = vdpbusd(hi, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 64 * j + 32 + 4 * p)))
+        isum = viadd(isum, viadd(vimul(lo, vu8(wp, o + 2048 + 32 * j)),
+                                 vimul(hi, vu8(wp, o + 2064 + 32 * j))))
+    msum = vizero()
+    g = xo // 16
+    for s in range(8):
+        msum = viadd(msum, vimul(vu8(wp, o + 2176 + 16 * s),
+                                 vibcast(xsum[g + 2 * s] + xsum[g + 2 * s + 1])))
+    dx = ld(xd, xo // QK_K)
+    acc = vfma(vcvt(isum), vmul(vf16(wp, o + 2304), vbcast(dx)), acc)
+    return vfma(vcvt(msum), vmul(vf16(wp, o + 2336), vbcast(-dx)), acc)
+
+
+@njit(inline="always")
+def _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum):
+    """isum + two sub-blocks' integer sums (chunks 2j and 2j + 1, values 16 * half..) times
+    their int8 scales, less 32 times the scaled activation sums (the values' -32)"""
+    s0 = 4 * j + half
+    s1 = 4 * j + 2 + half
+    isum = viadd(isum, vimul(vi8(wp, o + 3072 + 16 * s0), visub(lo, vibcast(32 * xsum[g + s0]))))
+    return viadd(isum, vimul(vi8(wp, o + 3072 + 16 * s1), visub(hi, vibcast(32 * xsum[g + s1]))))
+
+
+@njit(inline="always")
+def _block_q6_k(wp, o, xq, xo, xd, xsum, xs32, acc):
+    """a Q6_K block (256 values, 16 sub-blocks of 16 with int8 scales) as
+    ggml_vec_dot_q6_K_q8_K computes it: per sub-block the integer sums less 32 times the
+    activations' sum (Q8_K's bsums), times its scale, then d * xd. Packed by _q6_k_fields:
+    nibble words at 512j + 64p, top-bit words at 2048 + 256j + 64w, scales at 3072 + 16s, d at
+    3328."""
+    m4 = vibcast(0x0F0F0F0F)
+    m2 = vibcast(0x30303030)
+    isum = vizero()
+    g = xo // 16
+    for j in range(4):
+        for half in range(2):
+            lo = vizero()
+            hi = vizero()
+            for w in range(2 * half, 2 * half + 2):
+                h = vbytes(wp, o + 2048 + 256 * j + 64 * w)
+                x = xo + 64 * j + 8 * w
+                z = vbytes(wp, o + 512 * j + 128 * w)  # nibble word 2w: top bits at 0 and 2
+                lo = vdpbusd(lo, vior(viand(z, m4), viand(vishl(h, 4), m2)),
+                             vibcast(ld_u32(xq, x)))
+                hi = vdpbusd(hi, vior(viand(vishr(z, 4), m4), viand(vishl(h, 2), m2)),
+                             vibcast(ld_u32(xq, x + 32)))
+                z = vbytes(wp, o + 512 * j + 128 * w + 64)  # word 2w + 1: top bits at 4 and 6
+                lo = vdpbusd(lo, vior(viand(z, m4), viand(h, m2)), vibcast(ld_u32(xq, x + 4)))
+                hi = vdpbusd(hi, vior(viand(vishr(z, 4), m4), viand(vishr(h, 2), m2)),
+                             vibcast(ld_u32(xq, x + 36)))
+            isum = _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum)
+    return vfma(vcvt(isum), vmul(vf16(wp, o + 3328), vbcast(ld(xd, xo // QK_K))), acc)
 
 
 # ================================================================== kernels
 
 @njit(inline="always")
 def _stream(wp, o, GB):
-    """the non-temporal hint for the block STREAM_AHEAD bytes after the one at byte o"""
+    """the prefetch of the block STREAM_AHEAD bytes after the one at byte o"""
     for line in range(0, GB, 64):
-        prefetch_stream(wp, o + STREAM_AHEAD + line)
+        prefetch(wp, o + STREAM_AHEAD + line)
 
 
 @njit(inline="always")
-def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
+def _tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
     """the 16 results of group g for tokens t..t+7, token i's at out[o0 + i * N:]: each block of
-    the group loaded once for all 8"""
+    the group (VB values) loaded once for all 8"""
     a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
     a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
     o = g * nb * GB
     for b in range(nb):
         _stream(wp, o, GB)
-        xo = t * k + b * QK
-        bi = t * nb + b
-        a0 = block(wp, o, xq, xo, xd, xs32, bi, a0)
-        a1 = block(wp, o, xq, xo + k, xd, xs32, bi + nb, a1)
-        a2 = block(wp, o, xq, xo + 2 * k, xd, xs32, bi + 2 * nb, a2)
-        a3 = block(wp, o, xq, xo + 3 * k, xd, xs32, bi + 3 * nb, a3)
-        a4 = block(wp, o, xq, xo + 4 * k, xd, xs32, bi + 4 * nb, a4)
-        a5 = block(wp, o, xq, xo + 5 * k, xd, xs32, bi + 5 * nb, a5)
-        a6 = block(wp, o, xq, xo + 6 * k, xd, xs32, bi + 6 * nb, a6)
-        a7 = block(wp, o, xq, xo + 7 * k, xd, xs32, bi + 7 * nb, a7)
+        xo = t * k + b * VB
+        a0 = block(wp, o, xq, xo, xd, xsum, xs32, a0)
+        a1 = block(wp, o, xq, xo + k, xd, xsum, xs32, a1)
+        a2 = block(wp, o, xq, xo + 2 * k, xd, xsum, xs32, a2)
+        a3 = block(wp, o, xq, xo + 3 * k, xd, xsum, xs32, a3)
+        a4 = block(wp, o, xq, xo + 4 * k, xd, xsum, xs32, a4)
+        a5 = block(wp, o, xq, xo + 5 * k, xd, xsum, xs32, a5)
+        a6 = block(wp, o, xq, xo + 6 * k, xd, xsum, xs32, a6)
+        a7 = block(wp, o, xq, xo + 7 * k, xd, xsum, xs32, a7)
         o += GB
     vstore(out, o0 + t * N, a0)
     vstore(out, o0 + (t + 1) * N, a1)
@@ -259,20 +431,20 @@ def _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
 
 
 @njit(inline="always")
-def _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N):
+def _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
     """group g's 16 results for token t, at out[o0 + t * N:] (the same operations as each of
     _tile8's)"""
     a = vzero()
     o = g * nb * GB
     for b in range(nb):
         _stream(wp, o, GB)
-        a = block(wp, o, xq, t * k + b * QK, xd, xs32, t * nb + b, a)
+        a = block(wp, o, xq, t * k + b * VB, xd, xsum, xs32, a)
         o += GB
     vstore(out, o0 + t * N, a)
 
 
 @njit(inline="always")
-def _group(g, wp, parts, xq, xd, xs32, n, k, out, block):
+def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB):
     """group g's 16 rows for all n tokens into out (flat): part p's rows [parts[p],
     parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]"""
     _, nb, GB = wp.shape
@@ -283,65 +455,113 @@ def _group(g, wp, parts, xq, xd, xs32, n, k, out, block):
     o0 = n * parts[p] + GROUP * g - parts[p]
     t = 0
     while t + 8 <= n:
-        _tile8(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
+        _tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 8
     while t < n:
-        _tile1(wp, g, nb, GB, block, xq, xd, xs32, t, k, out, o0, N)
+        _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 1
 
 
 # One compiled group function per format, called from the parallel loop rather than inlined
 # into it: numba's parfor passes copy and re-analyse a loop's whole body, which cost seconds
-# of the first run's compilation with the tiles inlined there.
+# of the first run's compilation with the tiles inlined there. Then x (n, k) @ W.T into out
+# (flat), parallel over groups of 16 rows unless `serial`, the activations quantized in blocks
+# of QK (Q8_0) or, for the K-quants, QK_K (Q8_K) values.
 
 @njit(**_JIT)
-def _group_q4_0(g, wp, parts, xq, xd, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q4_0)
-
-
-@njit(**_JIT)
-def _group_q4_1(g, wp, parts, xq, xd, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q4_1)
+def _group_q4_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK)
 
 
 @njit(**_JIT)
-def _group_q8_0(g, wp, parts, xq, xd, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xs32, n, k, out, _block_q8_0)
+def _group_q4_1(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK)
 
 
-# x (n, k) @ W.T into out (flat), parallel over groups of 16 rows unless `serial`
+@njit(**_JIT)
+def _group_q5_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK)
+
+
+@njit(**_JIT)
+def _group_q8_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK)
+
+
+@njit(**_JIT)
+def _group_q4_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K)
+
+
+@njit(**_JIT)
+def _group_q6_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K)
+
 
 @njit(parallel=True, **_JIT)
 def matmul_q4_0(wp, parts, x, out, serial):
     threads = _serial_begin(serial)
-    xq, xd, _, xs32 = quantize_activations(x, QK)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK)
     for g in prange(wp.shape[0]):
-        _group_q4_0(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
+        _group_q4_0(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
     _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
 def matmul_q4_1(wp, parts, x, out, serial):
     threads = _serial_begin(serial)
-    xq, xd, _, xs32 = quantize_activations(x, QK)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK)
     for g in prange(wp.shape[0]):
-        _group_q4_1(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
+        _group_q4_1(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
+    _serial_end(serial, threads)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q5_0(wp, parts, x, out, serial):
+    threads = _serial_begin(serial)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK)
+    for g in prange(wp.shape[0]):
+        _group_q5_0(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
     _serial_end(serial, threads)
 
 
 @njit(parallel=True, **_JIT)
 def matmul_q8_0(wp, parts, x, out, serial):
     threads = _serial_begin(serial)
-    xq, xd, _, xs32 = quantize_activations(x, QK)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK)
     for g in prange(wp.shape[0]):
-        _group_q8_0(np.int64(g), wp, parts, xq, xd, xs32, x.shape[0], x.shape[1], out)
+        _group_q8_0(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
     _serial_end(serial, threads)
 
 
-Q4_0.register_kernels("cpu_packed", PackedFormat(((2, 16), (0, 2)), 0, matmul_q4_0))
-Q4_1.register_kernels("cpu_packed", PackedFormat(((4, 16), (0, 2), (2, 2)), 0, matmul_q4_1))
+@njit(parallel=True, **_JIT)
+def matmul_q4_k(wp, parts, x, out, serial):
+    threads = _serial_begin(serial)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK_K)
+    for g in prange(wp.shape[0]):
+        _group_q4_k(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
+    _serial_end(serial, threads)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q6_k(wp, parts, x, out, serial):
+    threads = _serial_begin(serial)
+    xq, xd, xsum, xs32 = quantize_activations(x, QK_K)
+    for g in prange(wp.shape[0]):
+        _group_q6_k(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
+    _serial_end(serial, threads)
+
+
+Q4_0.register_kernels("cpu_packed", PackedFormat((_bytes(2, 16, 4), _bytes(0, 2, 2)), matmul_q4_0))
+Q4_1.register_kernels("cpu_packed", PackedFormat(
+    (_bytes(4, 16, 4), _bytes(0, 2, 2), _bytes(2, 2, 2)), matmul_q4_1))
+Q5_0.register_kernels("cpu_packed", PackedFormat(
+    (_bytes(6, 16, 4), _q5_0_high_bits, _bytes(0, 2, 2)), matmul_q5_0))
 # signed values flipped to unsigned (q + 128)
-Q8_0.register_kernels("cpu_packed", PackedFormat(((2, 32), (0, 2)), 0x80, matmul_q8_0))
+Q8_0.register_kernels("cpu_packed", PackedFormat((_bytes(2, 32, 4, 0x80), _bytes(0, 2, 2)),
+                                                 matmul_q8_0))
+Q4_K.register_kernels("cpu_packed", PackedFormat((_q4_k_fields,), matmul_q4_k))
+Q6_K.register_kernels("cpu_packed", PackedFormat((_q6_k_fields,), matmul_q6_k))
 KERNELS = kernels_of("cpu_packed")
 
 
