@@ -123,8 +123,10 @@ class CPUBackend(Backend):
         return QExperts.from_tensor(tensor)
 
     def vector(self, tensor) -> np.ndarray:
-        """A 1-D tensor (norm weight, bias) as float32."""
-        return np.ascontiguousarray(tensor.dequantize(), dtype=np.float32).reshape(-1)
+        """A 1-D tensor (norm weight, bias) as float32, a copy: reading a view of the file each
+        step would map the file's pages around it again (the page cache's large folios: up to
+        2 MiB of the neighbouring matrices, whose pages were dropped once packed)."""
+        return np.array(tensor.dequantize(), dtype=np.float32, copy=True).reshape(-1)
 
     def kv_store(self, type_name: str, n_ctx: int, n_head: int, head_dim: int) -> HostKVStore:
         return HostKVStore(type_name, n_ctx, n_head, head_dim)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 
 from ..quants import get_quant_type, kernels_of
 from ..quants.kquants import Q4_K, Q6_K, Q8_K
@@ -51,7 +51,9 @@ from .simd import (ld, ld_u32, prefetch, vbcast, vbytes, vcvt, vdpbusd, vf16, vf
 GROUP = 16  # rows interleaved, one per lane
 QK = Q8_0.block_size  # values per block: the activations' (Q8_0) and the 32-value formats'
 QK_K = Q8_K.block_size  # the K-quants' blocks and their activations' (Q8_K)
-PACK_CHUNK = 16 << 20  # bytes of a matrix's rows packed at a time
+# bytes of a matrix's rows packed at a time: small, so that the fields' temporaries are too
+# (with 16 MiB, their freed space stayed resident in the heap: +27 MiB on SmolLM2)
+PACK_CHUNK = 2 << 20
 # how far ahead of the block in use the weights are asked for, into every cache level: faster
 # than no hint from memory, and a model that fits the last-level cache stays there between
 # steps, which the non-temporal hint prevented on Intel server parts (prefetchnta's lines skip L2
@@ -75,7 +77,7 @@ class PackedWeight(NamedTuple):
         return self.data.nbytes
 
 
-# ================================================================== packing (numpy, at load)
+# ================================================================== packing (at load)
 
 def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     """a view of dst with `shape` (never a copy: writes must land in dst)"""
@@ -85,20 +87,50 @@ def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     return view
 
 
-def _put(dst, src, width):
-    """dst (groups, nb, bytes * 16) <- a field of every row (src uint8 (n_out, nb, bytes)), as
-    bytes / width vectors of 16 lanes: lane i of vector u = bytes u * width.. of row i's field"""
-    n_groups, nb, size = dst.shape
-    n_units = size // (width * GROUP)
-    _shaped(dst, n_groups, nb, n_units, GROUP, width)[...] = \
-        src.reshape(n_groups, GROUP, nb, n_units, width).transpose(0, 2, 3, 1, 4)
+_FIELD = types.Array(types.uint8, 3, "A", readonly=True)  # the file's rows are read-only
+
+
+@njit(inline="always")
+def _lanes_of_block(dst, src, g, b, n_units, width, xor):
+    for i in range(GROUP):
+        row = g * GROUP + i
+        for u in range(n_units):
+            at = (u * GROUP + i) * width
+            for k in range(width):
+                dst[g, b, at + k] = src[row, b, u * width + k] ^ xor
+
+
+@njit(types.void(types.uint8[:, :, :], _FIELD, types.int64, types.int64), parallel=True,
+      cache=True, nogil=True)
+def _put_lanes(dst, src, width, xor):
+    """dst (groups, nb, bytes * 16) <- a field of every row (src (n_out, nb, bytes)) XOR `xor`,
+    as bytes / width vectors of 16 lanes: lane i of vector u = bytes u * width.. of row i's
+    field. Compiled, with the usual widths as constants (unrolled): numpy's transposing copy
+    moved 0.05-0.4 GB/s, half a minute of packing for an 8B model."""
+    n_units = src.shape[2] // width
+    x = np.uint8(xor)
+    for g in prange(dst.shape[0]):
+        for b in range(dst.shape[1]):
+            if width == 4:
+                _lanes_of_block(dst, src, g, b, n_units, 4, x)
+            elif width == 2:
+                _lanes_of_block(dst, src, g, b, n_units, 2, x)
+            else:
+                _lanes_of_block(dst, src, g, b, n_units, width, x)
+
+
+def _put(dst, src, width, xor=0):
+    """`_put_lanes` on a field as its function gave it (a uint8 view or array): read-only, as
+    the file's rows are, for one compiled signature"""
+    src = np.asarray(src, np.uint8).view()
+    src.flags.writeable = False
+    _put_lanes(dst, src, width, xor)
 
 
 def _bytes(at: int, size: int, width: int, xor: int = 0):
     """a field that is bytes at..at+size of each block (XORed with `xor`), in lanes of `width`"""
     def field(blocks):
-        part = blocks[:, :, at:at + size]
-        return (np.bitwise_xor(part, np.uint8(xor)) if xor else part), width
+        return blocks[:, :, at:at + size], width, xor
     return field
 
 
@@ -134,19 +166,35 @@ def _q4_k_fields(blocks):
             (blocks[:, :, 2:4], 2)]
 
 
-def _q6_k_values(blocks):
-    """Q6_K's 256 six-bit values of each block (0..63, before the -32), in order
-    (dequantize_row_q6_K's layout: ql's nibbles, qh's 2-bit pairs)"""
-    q = np.empty(blocks.shape[:2] + (256,), np.uint8)
-    for n in range(2):
-        ql = blocks[:, :, 64 * n:64 * n + 64]
-        qh = blocks[:, :, 128 + 32 * n:160 + 32 * n]
-        v = q[:, :, 128 * n:128 * n + 128]
-        v[..., 0:32] = (ql[..., :32] & 15) | ((qh & 3) << 4)
-        v[..., 32:64] = (ql[..., 32:] & 15) | (((qh >> 2) & 3) << 4)
-        v[..., 64:96] = (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4)
-        v[..., 96:128] = (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)
-    return q
+@njit(types.UniTuple(types.uint8[:, :, ::1], 2)(_FIELD), parallel=True, cache=True, nogil=True)
+def _q6_k_split(blocks):
+    """(nibbles (n, nb, 128), top bits (n, nb, 64)) of Q6_K blocks as `_q6_k_fields` describes,
+    from the 256 six-bit values of each block in dequantize_row_q6_K's order (ql's nibbles,
+    qh's 2-bit pairs); compiled, as numpy took seconds per 100 MiB"""
+    n, nb = blocks.shape[0], blocks.shape[1]
+    nibbles = np.empty((n, nb, 128), np.uint8)
+    high = np.zeros((n, nb, 64), np.uint8)
+    for r in prange(n):
+        v = np.empty(256, np.uint8)
+        for b in range(nb):
+            for h in range(2):
+                for l in range(32):
+                    lo, hi, bits = blocks[r, b, 64 * h + l], blocks[r, b, 64 * h + 32 + l], \
+                        blocks[r, b, 128 + 32 * h + l]
+                    v[128 * h + l] = (lo & 15) | ((bits & 3) << 4)
+                    v[128 * h + 32 + l] = (hi & 15) | (((bits >> 2) & 3) << 4)
+                    v[128 * h + 64 + l] = (lo >> 4) | (((bits >> 4) & 3) << 4)
+                    v[128 * h + 96 + l] = (hi >> 4) | (((bits >> 6) & 3) << 4)
+            for j in range(4):
+                for l in range(32):
+                    nibbles[r, b, 32 * j + l] = (v[64 * j + l] & 15) | ((v[64 * j + 32 + l] & 15) << 4)
+                for c in range(2):
+                    for w in range(4):
+                        for i in range(2):
+                            for k in range(4):
+                                high[r, b, 16 * j + 4 * w + k] |= \
+                                    (v[64 * j + 32 * c + 4 * (2 * w + i) + k] >> 4) << (4 * i + 2 * c)
+    return nibbles, high
 
 
 def _q6_k_fields(blocks):
@@ -155,22 +203,16 @@ def _q6_k_fields(blocks):
     two nibble words (word 4j + w covers nibble words 8j + 2w + i, i = 0, 1: the bits of chunk
     c's value 4(2w + i) + b at 8b + 4i + 2c, so one shift and mask puts them at bits 4-5 under
     their nibble), the 16 int8 scales (already in sub-block order) and d."""
-    q = _q6_k_values(blocks)
-    rows, nb = q.shape[:2]
-    pairs = q.reshape(rows, nb, 4, 2, 32)
-    nibbles = ((pairs[:, :, :, 0] & 15) | ((pairs[:, :, :, 1] & 15) << 4)).reshape(rows, nb, 128)
-    top = (pairs >> 4).astype(np.uint32).reshape(rows, nb, 4, 2, 4, 2, 4)  # j, c, w, i, b
-    shift = (8 * np.arange(4)[None, None, :] + 4 * np.arange(2)[None, :, None]
-             + 2 * np.arange(2)[:, None, None]).astype(np.uint32)  # c, i, b
-    words = (top << shift[None, None, None, :, None, :, :]).sum(axis=(3, 5, 6), dtype=np.uint32)
-    high = words.astype("<u4").view(np.uint8).reshape(rows, nb, 64)
+    view = blocks.view()
+    view.flags.writeable = False
+    nibbles, high = _q6_k_split(view)
     return [(nibbles, 4), (high, 4), (blocks[:, :, 192:208], 1), (blocks[:, :, 208:210], 2)]
 
 
 class PackedFormat(NamedTuple):
     """How a format is packed and multiplied, registered against its class as its "cpu_packed"
     kernels: the fields of a block, in packed order (each fields(blocks) -> (uint8 (n_out, nb,
-    bytes), lane width); see `_put`), and the kernel below."""
+    bytes), lane width[, byte XORed in]); see `_put`), and the kernel below."""
     fields: tuple
     kernel: object  # kernel(wp, parts, x, out, serial)
 
@@ -200,17 +242,16 @@ def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
     if not packs(type_name, n_out, nb * qtype.block_size) or row_bytes % qtype.type_size:
         raise ValueError(f"{type_name} {weight.shape} cannot be packed")
     rows = np.asarray(weight).reshape(n_out, nb, qtype.type_size)
-    data = None
+    # allocated before any chunk's temporaries, not above their freed space in the heap
+    group_block = GROUP * sum(f[0].shape[2] for f in fmt.arrange(rows[:GROUP, :1]))
+    data = np.empty((n_out // GROUP, nb, group_block), np.uint8)
     step = max(1, PACK_CHUNK // (GROUP * row_bytes)) * GROUP
     for r0 in range(0, n_out, step):
         r1 = min(n_out, r0 + step)
         fields = fmt.arrange(rows[r0:r1])
-        if data is None:
-            data = np.empty((n_out // GROUP, nb, GROUP * sum(f.shape[2] for f, _ in fields)),
-                            np.uint8)
         dst, o = data[r0 // GROUP:r1 // GROUP], 0
-        for src, width in fields:
-            _put(dst[:, :, o:o + GROUP * src.shape[2]], src, width)
+        for src, *lanes in fields:
+            _put(dst[:, :, o:o + GROUP * src.shape[2]], src, *lanes)
             o += GROUP * src.shape[2]
         if release is not None:
             release(weight[r0:r1])
