@@ -87,9 +87,6 @@ def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     return view
 
 
-_FIELD = types.Array(types.uint8, 3, "A", readonly=True)  # the file's rows are read-only
-
-
 @njit(inline="always")
 def _lanes_of_block(dst, src, g, b, n_units, width, xor):
     for i in range(GROUP):
@@ -100,8 +97,10 @@ def _lanes_of_block(dst, src, g, b, n_units, width, xor):
                 dst[g, b, at + k] = src[row, b, u * width + k] ^ xor
 
 
-@njit(types.void(types.uint8[:, :, :], _FIELD, types.int64, types.int64), parallel=True,
-      cache=True, nogil=True)
+# one signature, compiled (or loaded from the cache) at import: lazily, a field computed into
+# its own C-contiguous array and one that is a slice of the file's rows would compile twice
+@njit(types.void(types.uint8[:, :, :], types.Array(types.uint8, 3, "A", readonly=True),
+                 types.int64, types.int64), parallel=True, cache=True, nogil=True)
 def _put_lanes(dst, src, width, xor):
     """dst (groups, nb, bytes * 16) <- a field of every row (src (n_out, nb, bytes)) XOR `xor`,
     as bytes / width vectors of 16 lanes: lane i of vector u = bytes u * width.. of row i's
@@ -166,7 +165,7 @@ def _q4_k_fields(blocks):
             (blocks[:, :, 2:4], 2)]
 
 
-@njit(types.UniTuple(types.uint8[:, :, ::1], 2)(_FIELD), parallel=True, cache=True, nogil=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _q6_k_split(blocks):
     """(nibbles (n, nb, 128), top bits (n, nb, 64)) of Q6_K blocks as `_q6_k_fields` describes,
     from the 256 six-bit values of each block in dequantize_row_q6_K's order (ql's nibbles,
