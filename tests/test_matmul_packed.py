@@ -13,6 +13,7 @@ from llamatui.inference.cpu import matmul_packed
 from llamatui.inference.backend import QWeight
 from llamatui.inference.cpu.backend import CPUBackend
 from llamatui.inference.gguf import GGUFFile, release_pages
+from llamatui.inference.quants import get_quant_type
 from test_matmul import RTOL, reference
 from test_matmul_int8 import (ROUNDING, block_values, int8_decode, pytestmark,  # noqa: F401 (fixture, marks)
                               rounded)
@@ -179,3 +180,22 @@ def test_matrices_that_cannot_be_fused_are_multiplied_one_by_one(smollm2_path):
     with pytest.raises(ValueError, match="different formats"):
         matmul_packed.fuse([matmul_packed.pack("Q4_1", np.zeros((16, 20), np.uint8)),
                             matmul_packed.pack("Q8_0", np.zeros((16, 34), np.uint8))])
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+def test_matrices_packed_together_are_their_fused_copies(type_name):
+    """pack_fused (what matmul_many packs at first use) writes each matrix straight into its
+    part of the whole: the same bytes as packing each and fusing the copies"""
+    rng = np.random.default_rng(12)
+    type_size = get_quant_type(type_name).type_size
+
+    def rows(n_out, n_blocks):  # any bytes: packing moves them, whatever they mean
+        return rng.integers(0, 256, (n_out, n_blocks * type_size), dtype=np.uint8)
+
+    raws = [rows(n_out, 3) for n_out in (32, 16, 48)]
+    whole, parts = matmul_packed.pack_fused(type_name, raws)
+    expect, _ = matmul_packed.fuse([matmul_packed.pack(type_name, r) for r in raws])
+    assert np.array_equal(whole.data, expect.data) and np.array_equal(whole.parts, expect.parts)
+    assert all(p.data.base is whole.data for p in parts) and not whole.data.flags.writeable
+    with pytest.raises(ValueError, match="different input sizes"):
+        matmul_packed.pack_fused(type_name, [raws[0], rows(16, 2)])

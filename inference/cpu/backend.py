@@ -16,7 +16,8 @@ from ..backend import Backend, KQMask, QExperts, QWeight
 from ..gguf import release_pages
 from ..rope import RopeSpec
 from . import attention, delta_net, ops
-from .matmul import embedding_rows, matmul, matmul_id, packed_product, packed_weight
+from .matmul import (embedding_rows, matmul, matmul_id, packed_fused, packed_product,
+                     packed_weight)
 from .matmul_packed import fuse
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -179,11 +180,17 @@ class CPUBackend(Backend):
     def _fuse(self, ws: tuple) -> tuple | bool:
         """(ws, their packed copies as one), each w.packed becoming a view of it; False when
         they are not all packed of one format and input size."""
+        same_kind = len(ws) > 1 and len({(w.type, w.n_in) for w in ws}) == 1
+        if same_kind and all(w.packed is None for w in ws):  # packed into one: no second copy
+            fused = packed_fused(ws[0].type, [w.rows for w in ws], release=release_pages)
+            if fused is not None:
+                for w, part in zip(ws, fused[1]):
+                    w.packed = part
+                return ws, fused[0]
         for w in ws:
             if w.packed is None:
                 w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
-        if len(ws) < 2 or not all(w.packed for w in ws) \
-                or len({(w.type, w.n_in) for w in ws}) > 1:
+        if not same_kind or not all(w.packed for w in ws):
             return False
         whole, parts = fuse([w.packed for w in ws])
         for w, part in zip(ws, parts):

@@ -221,10 +221,25 @@ def packed_weight(type_name: str, weight: np.ndarray,
     has them (USE_INT8) and they take its format and shape; else None. `matmul(..., packed=)`
     then uses them for any number of tokens. release(rows): called on each chunk of `weight`
     once packed (see matmul_packed.pack)."""
-    w, k = _weight(type_name, weight)
-    if not USE_INT8 or not matmul_packed.packs(type_name, w.shape[0], k):
+    if not packed_weight_possible(type_name, weight):
         return None
     return matmul_packed.pack(type_name, weight, release)
+
+
+def packed_fused(type_name: str, weights,
+                 release=None) -> tuple[matmul_packed.PackedWeight, list] | None:
+    """Matrices of one format and input size packed into one (`matmul_packed.pack_fused`: a
+    product of the whole gives each one's result), and each as its part; None where
+    `packed_weight` would give None for any of them."""
+    if not all(packed_weight_possible(type_name, w) for w in weights):
+        return None
+    return matmul_packed.pack_fused(type_name, weights, release)
+
+
+def packed_weight_possible(type_name: str, weight: np.ndarray) -> bool:
+    """Whether `packed_weight` packs this matrix."""
+    w, k = _weight(type_name, weight)
+    return USE_INT8 and matmul_packed.packs(type_name, w.shape[0], k)
 
 
 def packed_product(packed: matmul_packed.PackedWeight,

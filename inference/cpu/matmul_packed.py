@@ -87,6 +87,13 @@ def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
     return view
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """a read-only view (as the file's rows are): one compiled signature for the field kernels"""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 @njit(inline="always")
 def _lanes_of_block(dst, src, g, b, n_units, width, xor):
     for i in range(GROUP):
@@ -121,9 +128,7 @@ def _put_lanes(dst, src, width, xor):
 def _put(dst, src, width, xor=0):
     """`_put_lanes` on a field as its function gave it (a uint8 view or array): read-only, as
     the file's rows are, for one compiled signature"""
-    src = np.asarray(src, np.uint8).view()
-    src.flags.writeable = False
-    _put_lanes(dst, src, width, xor)
+    _put_lanes(dst, _read_only(np.asarray(src, np.uint8)), width, xor)
 
 
 def _bytes(at: int, size: int, width: int, xor: int = 0):
@@ -146,21 +151,26 @@ def _q5_0_high_bits(blocks):
     return out.astype("<u4").view(np.uint8).reshape(*qh.shape, 4), 4
 
 
+@njit(parallel=True, cache=True, nogil=True)
 def _k4_scales_mins(blocks):
     """Q4_K's 6-bit sub-block scales and mins (ggml's get_scale_min_k4) as bytes: (scales,
-    mins), each (n_out, nb, 8)"""
-    q = blocks[:, :, 4:16].astype(np.uint8)
-    sc = np.empty(q.shape[:2] + (8,), np.uint8)
-    mn = np.empty_like(sc)
-    sc[..., :4] = q[..., 0:4] & 63
-    mn[..., :4] = q[..., 4:8] & 63
-    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    mins), each (n_out, nb, 8); compiled, as numpy's loops over 4 bytes took seconds per GB"""
+    n, nb = blocks.shape[0], blocks.shape[1]
+    sc = np.empty((n, nb, 8), np.uint8)
+    mn = np.empty((n, nb, 8), np.uint8)
+    for r in prange(n):
+        for b in range(nb):
+            for j in range(4):
+                s, m, hi = blocks[r, b, 4 + j], blocks[r, b, 8 + j], blocks[r, b, 12 + j]
+                sc[r, b, j] = s & 63
+                mn[r, b, j] = m & 63
+                sc[r, b, 4 + j] = (hi & 0xF) | ((s >> 6) << 4)
+                mn[r, b, 4 + j] = (hi >> 4) | ((m >> 6) << 4)
     return sc, mn
 
 
 def _q4_k_fields(blocks):
-    sc, mn = _k4_scales_mins(blocks)
+    sc, mn = _k4_scales_mins(_read_only(blocks))
     return [(blocks[:, :, 16:144], 4), (sc, 1), (mn, 1), (blocks[:, :, 0:2], 2),
             (blocks[:, :, 2:4], 2)]
 
@@ -202,9 +212,7 @@ def _q6_k_fields(blocks):
     two nibble words (word 4j + w covers nibble words 8j + 2w + i, i = 0, 1: the bits of chunk
     c's value 4(2w + i) + b at 8b + 4i + 2c, so one shift and mask puts them at bits 4-5 under
     their nibble), the 16 int8 scales (already in sub-block order) and d."""
-    view = blocks.view()
-    view.flags.writeable = False
-    nibbles, high = _q6_k_split(view)
+    nibbles, high = _q6_k_split(_read_only(blocks))
     return [(nibbles, 4), (high, 4), (blocks[:, :, 192:208], 1), (blocks[:, :, 208:210], 2)]
 
 
@@ -229,22 +237,20 @@ def packs(type_name: str, n_out: int, n_in: int) -> bool:
         and n_in % get_quant_type(type_name).block_size == 0
 
 
-def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
+def pack(type_name: str, weight: np.ndarray, release=None, out=None) -> PackedWeight:
     """The rows of a ggml matrix (uint8 (n_out, row_bytes)) interleaved for the kernels below,
     written straight into the packed array (no temporary copies of the matrix), PACK_CHUNK bytes
     of rows at a time; release(rows) after each chunk is packed lets the caller drop the
-    source's pages as it goes (a 262,144-token LM head would otherwise be resident twice)."""
+    source's pages as it goes (a 262,144-token LM head would otherwise be resident twice).
+    out: the packed array to fill (`packed_shape`; `pack_fused` passes its parts)."""
     fmt = KERNELS[type_name]
-    qtype = get_quant_type(type_name)
-    n_out, row_bytes = weight.shape
-    nb = row_bytes // qtype.type_size
-    if not packs(type_name, n_out, nb * qtype.block_size) or row_bytes % qtype.type_size:
-        raise ValueError(f"{type_name} {weight.shape} cannot be packed")
-    rows = np.asarray(weight).reshape(n_out, nb, qtype.type_size)
-    # allocated before any chunk's temporaries, not above their freed space in the heap
-    group_block = GROUP * sum(f[0].shape[2] for f in fmt.arrange(rows[:GROUP, :1]))
-    data = np.empty((n_out // GROUP, nb, group_block), np.uint8)
-    step = max(1, PACK_CHUNK // (GROUP * row_bytes)) * GROUP
+    shape = packed_shape(type_name, weight.shape)
+    n_out, nb = weight.shape[0], shape[1]
+    rows = np.asarray(weight).reshape(n_out, nb, -1)
+    data = np.empty(shape, np.uint8) if out is None else out
+    if data.shape != shape:
+        raise ValueError(f"pack: {type_name} {weight.shape} into an array of {data.shape}")
+    step = max(1, PACK_CHUNK // (GROUP * weight.shape[1])) * GROUP
     for r0 in range(0, n_out, step):
         r1 = min(n_out, r0 + step)
         fields = fmt.arrange(rows[r0:r1])
@@ -254,8 +260,38 @@ def pack(type_name: str, weight: np.ndarray, release=None) -> PackedWeight:
             o += GROUP * src.shape[2]
         if release is not None:
             release(weight[r0:r1])
-    data.flags.writeable = False  # one compiled signature, as the file's rows
-    return PackedWeight(type_name, data, n_out, nb * qtype.block_size, _bounds([n_out]))
+    if out is None:
+        data.flags.writeable = False  # one compiled signature, as the file's rows
+    else:
+        data = _read_only(data)
+    return PackedWeight(type_name, data, n_out, nb * get_quant_type(type_name).block_size,
+                        _bounds([n_out]))
+
+
+def packed_shape(type_name: str, weight_shape) -> tuple[int, int, int]:
+    """The shape `pack` gives a matrix of rows (n_out, row_bytes) of this format."""
+    qtype = get_quant_type(type_name)
+    n_out, row_bytes = weight_shape
+    nb = row_bytes // qtype.type_size
+    if not packs(type_name, n_out, nb * qtype.block_size) or row_bytes % qtype.type_size:
+        raise ValueError(f"{type_name} {tuple(weight_shape)} cannot be packed")
+    one = np.zeros((GROUP, 1, qtype.type_size), np.uint8)
+    return n_out // GROUP, nb, GROUP * sum(f[0].shape[2] for f in KERNELS[type_name].arrange(one))
+
+
+def pack_fused(type_name: str, weights, release=None) -> tuple[PackedWeight, list[PackedWeight]]:
+    """`fuse` of the matrices packed, each written into its part of the whole: no second copy."""
+    shapes = [packed_shape(type_name, w.shape) for w in weights]
+    if len({s[1:] for s in shapes}) != 1:
+        raise ValueError("pack_fused: matrices of different input sizes")
+    data = np.empty((sum(s[0] for s in shapes),) + shapes[0][1:], np.uint8)
+    parts, g0 = [], 0
+    for w, s in zip(weights, shapes):
+        parts.append(pack(type_name, w, release, out=data[g0:g0 + s[0]]))
+        g0 += s[0]
+    data.flags.writeable = False
+    n_outs = [p.n_out for p in parts]
+    return PackedWeight(type_name, data, sum(n_outs), parts[0].n_in, _bounds(n_outs)), parts
 
 
 def _bounds(n_outs) -> np.ndarray:
