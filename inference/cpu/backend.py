@@ -181,18 +181,17 @@ class CPUBackend(Backend):
         """(ws, their packed copies as one), each w.packed becoming a view of it; False when
         they are not all packed of one format and input size."""
         same_kind = len(ws) > 1 and len({(w.type, w.n_in) for w in ws}) == 1
+        fused = None
         if same_kind and all(w.packed is None for w in ws):  # packed into one: no second copy
             fused = packed_fused(ws[0].type, [w.rows for w in ws], release=release_pages)
-            if fused is not None:
-                for w, part in zip(ws, fused[1]):
-                    w.packed = part
-                return ws, fused[0]
-        for w in ws:
-            if w.packed is None:
-                w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
-        if not same_kind or not all(w.packed for w in ws):
-            return False
-        whole, parts = fuse([w.packed for w in ws])
+        if fused is None:
+            for w in ws:
+                if w.packed is None:
+                    w.packed = packed_weight(w.type, w.rows, release=release_pages) or False
+            if not same_kind or not all(w.packed for w in ws):
+                return False
+            fused = fuse([w.packed for w in ws])
+        whole, parts = fused
         for w, part in zip(ws, parts):
             w.packed = part
         return ws, whole

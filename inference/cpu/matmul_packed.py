@@ -34,6 +34,7 @@ and the mins go through those sums.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -78,14 +79,6 @@ class PackedWeight(NamedTuple):
 
 
 # ================================================================== packing (at load)
-
-def _shaped(dst: np.ndarray, *shape: int) -> np.ndarray:
-    """a view of dst with `shape` (never a copy: writes must land in dst)"""
-    view = dst.reshape(shape)
-    if not np.may_share_memory(view, dst):  # numpy 2.5 deprecates setting .shape, which raised
-        raise ValueError(f"no view of {dst.shape} has shape {shape}")
-    return view
-
 
 def _read_only(a: np.ndarray) -> np.ndarray:
     """a read-only view (as the file's rows are): one compiled signature for the field kernels"""
@@ -275,8 +268,14 @@ def packed_shape(type_name: str, weight_shape) -> tuple[int, int, int]:
     nb = row_bytes // qtype.type_size
     if not packs(type_name, n_out, nb * qtype.block_size) or row_bytes % qtype.type_size:
         raise ValueError(f"{type_name} {tuple(weight_shape)} cannot be packed")
-    one = np.zeros((GROUP, 1, qtype.type_size), np.uint8)
-    return n_out // GROUP, nb, GROUP * sum(f[0].shape[2] for f in KERNELS[type_name].arrange(one))
+    return n_out // GROUP, nb, _group_block_bytes(type_name)
+
+
+@functools.cache
+def _group_block_bytes(type_name: str) -> int:
+    """bytes of one packed block of GROUP rows: the sizes of the format's fields, found once"""
+    one = np.zeros((GROUP, 1, get_quant_type(type_name).type_size), np.uint8)
+    return GROUP * sum(f[0].shape[2] for f in KERNELS[type_name].arrange(one))
 
 
 def pack_fused(type_name: str, weights, release=None) -> tuple[PackedWeight, list[PackedWeight]]:
