@@ -18,6 +18,7 @@ rows are read), and `weighted_sum` adds the experts' outputs with the router's w
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -112,6 +113,37 @@ class KQMask:
         return m if dtype is None else m.astype(dtype, copy=False)
 
 
+class DecoderLayer(NamedTuple):
+    """One layer of llama.cpp's common decoder block (llm_build_llama) as a backend's fused
+    decode step takes it (`Backend.fused_block`): pre-norm attention over the layer's own cache
+    (Q, K, V separate, optional biases, RoPE or none, optional soft-capping and sinks) and a
+    SwiGLU FFN, each added to the residual stream; nothing else (Transformer.decoder_layer says
+    which layers are this)."""
+    il: int
+    attn_norm: object
+    wq: object
+    wk: object
+    wv: object
+    bq: object
+    bk: object
+    bv: object
+    wo: object
+    ffn_norm: object
+    w_gate: object
+    w_up: object
+    w_down: object
+    sinks: object
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    eps: float
+    kq_scale: float
+    softcap: float
+    rope: RopeSpec | None
+    window: int  # the sliding window it attends within, 0: the whole sequence
+
+
 class Backend(ABC):
     """What a device must do to run layers. Arrays are the backend's own (numpy here, device
     arrays on a GPU); `take` brings an activation from another backend, `to_host` gives numpy."""
@@ -154,6 +186,13 @@ class Backend(ABC):
     @abstractmethod
     def to_host(self, x) -> np.ndarray:
         """One of this backend's arrays as a numpy array."""
+
+    def fused_block(self, layer: DecoderLayer, kv_types: tuple[str, str]):
+        """A callable block(ctx, x) giving Transformer.block's result for `layer` in a decode
+        step (at most block.max_tokens tokens), bit for bit, with less host work between its
+        kernels; None where this backend has none for it (then the block runs op by op).
+        kv_types: the storage types of the layer's K and V rows."""
+        return None
 
     # greedy_tokens runs here: a greedy sampler's token leaves the device instead of its logits
     samples_greedy = False

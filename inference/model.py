@@ -191,6 +191,14 @@ class ForwardContext:
                 self.mask(n_swa)[self.out_rows], self.cell_order))
         return cells
 
+    def shared(self, key, make):
+        """make(), called once per batch for `key`: what every layer of a kind reads (a backend's
+        fused step's RoPE tables and visible cells)"""
+        value = self._masks.get(key)
+        if value is None:
+            value = self._masks[key] = make()
+        return value
+
     @functools.cached_property
     def cell_order(self) -> np.ndarray:
         """Cells [0, n_kv) by position (KVCache.cell_order), sorted once per batch for every

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..backend import DecoderLayer
 from ..hparams import HParams, Meta, ModelMetadataError
 from ..quants import kernels_of
 
@@ -294,15 +295,60 @@ class Transformer(Architecture):
     def forward(self, ctx, w: Weights) -> np.ndarray:
         x = self.embed(ctx, w)
         per_layer = self.per_layer_inputs(ctx, w, x)
+        fused = self.fused_blocks(ctx, w) if per_layer is None and not ctx.embeddings else ()
         for il, layer in enumerate(w.layers):
+            x = ctx.backend(il).take(x)
+            block = fused[il] if fused else None
+            if block is not None and ctx.n_tokens <= block.max_tokens \
+                    and ctx.keep_rows(il) is None:
+                x = block(ctx, x)
+                continue
             extra = () if per_layer is None else (per_layer[:, il],)
-            x = self.block(ctx, il, layer, ctx.backend(il).take(x), *extra)
+            x = self.block(ctx, il, layer, x, *extra)
             if x is None:  # no row wants logits
                 return np.empty((0, ctx.hp.n_vocab), np.float32)
         if ctx.embeddings:
             be = ctx.backend(ctx.hp.n_layer)
             return be.to_host(self.final_norm(ctx, w, be.take(x)))
         return self.head(ctx, w, x)
+
+    # the hooks of the block whose defaults a backend's fused decode step reproduces
+    # (Backend.fused_block): a family overriding any of them runs its blocks op by op
+    _FUSED_HOOKS = ("block", "attention", "project_qkv", "_qk", "ffn", "gated_ffn", "activate",
+                    "add_residual", "norm")
+    # the optional pieces of a layer the fused step does not take
+    _UNFUSED_PIECES = ("wqkv", "bqkv", "bo", "q_norm", "k_norm", "post_attn_norm",
+                       "post_ffw_norm")
+
+    def fused_blocks(self, ctx, w: Weights) -> list:
+        """Each layer's fused decode step (Backend.fused_block) or None, found at the first
+        batch and kept with the weights."""
+        blocks = w.extra.get("fused_blocks")
+        if blocks is None:
+            blocks = w.extra["fused_blocks"] = [self.fused_block(ctx, il, L)
+                                                for il, L in enumerate(w.layers)]
+        return blocks
+
+    def fused_block(self, ctx, il: int, L):
+        """Layer il as a DecoderLayer for its backend's fused step, where it is one: the
+        family keeps the block's defaults and the layer has none of the pieces it lacks."""
+        cls, hp = type(self), ctx.hp
+        if cls.scale_q_first or cls.ffn_activation != "silu" or any(
+                getattr(cls, hook) is not getattr(Transformer, hook) for hook in self._FUSED_HOOKS):
+            return None
+        if any(getattr(L, piece, None) is not None for piece in self._UNFUSED_PIECES) \
+                or getattr(L, "w_gate", None) is None or L.attn_norm is None \
+                or L.ffn_norm is None or self.kv_source(hp, il) != il:
+            return None
+        be = ctx.backend(il)
+        if ctx.model.kv_backends[il] is not be:
+            return None
+        n_head_kv, head_dim_k, head_dim_v = self.kv_shape(hp, il)
+        layer = DecoderLayer(il, L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo,
+                             L.ffn_norm, L.w_gate, L.w_up, L.w_down, getattr(L, "sinks", None),
+                             hp.n_head, n_head_kv, head_dim_k, head_dim_v, hp.rms_eps,
+                             hp.kq_scale, hp.attn_logit_softcap, ctx.rope(il), hp.window(il))
+        return be.fused_block(layer, (ctx.kv.type_k, ctx.kv.type_v))
 
     def greedy_on_device(self, hp: HParams) -> bool:
         """Whether `head` can hand back greedy tokens (ctx.greedy): the argmax of the logits as

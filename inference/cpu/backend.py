@@ -16,6 +16,7 @@ from ..backend import Backend, KQMask, QExperts, QWeight
 from ..gguf import release_pages
 from ..rope import RopeSpec
 from . import attention, delta_net, ops
+from .fused_block import FusedBlock, fusable
 from .matmul import (embedding_rows, matmul, matmul_id, packed_fused, packed_product,
                      packed_weight)
 from .matmul_packed import fuse
@@ -196,6 +197,12 @@ class CPUBackend(Backend):
             w.packed = part
         return ws, whole
 
+    def fused_block(self, layer, kv_types: tuple[str, str]) -> FusedBlock | None:
+        """cpu/fused_block.py's decode step of a layer, where it takes the layer and cache (on
+        the host: it computes on numpy arrays, not through the methods below)."""
+        return FusedBlock(self, layer) if self.device is None and fusable(layer, kv_types) \
+            else None
+
     def matmul_id(self, w: QExperts, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """x (n, n_in) or (n, n_used, n_in) times the experts `ids` (n, n_used) chose:
         (n, n_used, n_out)."""
@@ -222,13 +229,18 @@ class CPUBackend(Backend):
     def rope(self, x: np.ndarray, pos: np.ndarray, spec: RopeSpec) -> np.ndarray:
         """x (n, n_head, head_dim) rotated for positions `pos`; may rotate x in place."""
         x = np.ascontiguousarray(x, dtype=np.float32)
+        cos, sin = self.rope_tables(pos, spec)
+        return ops.rope_inplace(x, cos, sin, spec.n_dims, spec.neox)
+
+    def rope_tables(self, pos: np.ndarray, spec: RopeSpec) -> tuple[np.ndarray, np.ndarray]:
+        """ops.rope_tables(pos, spec), kept for the batch's other layers and Q/K"""
         key = (spec.key(), np.asarray(pos).tobytes())
         tables = self._rope_cache.get(key)
         if tables is None:
             if len(self._rope_cache) > 8:
                 self._rope_cache.clear()
             tables = self._rope_cache[key] = ops.rope_tables(pos, spec)
-        return ops.rope_inplace(x, tables[0], tables[1], spec.n_dims, spec.neox)
+        return tables
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask,
                   scale: float, softcap: float = 0.0, sinks=None) -> np.ndarray:

@@ -1,0 +1,253 @@
+"""A decode step's layer of the common decoder block in a few compiled calls.
+
+`Transformer.block` runs each op through the backend's general methods: on SmolLM2 a decode
+step made ~6,000 Python calls (shape checks, copies, dispatch) around ~310 kernel calls, 1.8 ms
+of a 4.2 ms step (benchmarks/bench_decode_python.py). A layer here is eight calls over the same
+kernels, with the glue between them fused into two small ones:
+
+    h = rms_norm(x)                       ops' row kernel
+    q, k, v = wq·h, wk·h, wv·h            one packed product (matmul_many's fused copy)
+    a = _attend(q, k, v, cache)           biases, RoPE of q and k, k and v into the cache, then
+                                          attention's decode kernel over the visible cells
+    x', h' = x + wo·a, rms_norm(x')       _add_rms_norm
+    g, u = gate·h', up·h'                 one packed product
+    x' + down·swiglu(g, u)
+
+Every value is computed by the same operations in the same order as the general path (the same
+row functions, float32 adds, the same fp16 rounding, the same attention kernel and arguments), so
+a token's logits are bit-identical whichever path ran (tests/test_fused_block.py). What the
+block may hold is `backend.DecoderLayer`'s (llama.cpp's llm_build_llama with Qwen 2's biases and
+gpt-oss's sinks and soft-capping); a matrix that is not packed (a CPU without VNNI, a format
+with no packed kernel) goes through the backend's matmul as before.
+"""
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+from ..quants.fp16 import HAS_HW_FP16, fp32_to_fp16
+from . import matmul as _matmul
+from . import matmul_packed
+from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _attention_decode
+from .matmul import PARALLEL_MIN_BYTES, PARALLEL_MIN_VALUES
+from .ops import NO_SINKS, _rms_norm_row, _rms_norm_rows, _rms_norm_rows_here, _swiglu, \
+    _swiglu_here
+
+__all__ = ["FusedBlock", "fusable", "ENABLED"]
+
+# LLAMATUI_FUSED=0 runs every layer op by op (to compare the two)
+ENABLED = os.environ.get("LLAMATUI_FUSED", "1") != "0"
+
+
+def _put(rows, c, i, value):
+    """Stores value at rows[c, i]: a cache row's value, as fp16 bits or float32."""
+
+
+@overload(_put, inline="always")
+def _put_impl(rows, c, i, value):
+    if rows.dtype == types.uint16:  # GGML_FP32_TO_FP16, as HostKVStore.write rounds
+        def put_f16(rows, c, i, value):
+            rows[c, i] = np.uint16(fp32_to_fp16(value))
+        return put_f16
+
+    def put_f32(rows, c, i, value):
+        rows[c, i] = value
+    return put_f32
+
+
+def _seen(rows, n_kv):
+    """Cells [0, n_kv) of a cache's rows as attention's decode kernel reads them
+    (attention._as_kv_rows): fp16 bits as bytes, float32 as they are."""
+
+
+@overload(_seen, inline="always")
+def _seen_impl(rows, n_kv):
+    if rows.dtype == types.uint16:
+        return lambda rows, n_kv: rows[:n_kv].view(np.uint8)
+    return lambda rows, n_kv: rows[:n_kv]
+
+
+@numba.njit(inline="always")
+def _biased(x, b, t, i):
+    return x[t, i] + b[i] if b.size else x[t, i]
+
+
+@numba.njit(inline="always")
+def _rotate(out, t, base, cos, sin, n_dims, neox):
+    """ops._rope_apply's rotation of one head (values out[t, base:]) in place"""
+    half = n_dims // 2
+    for i in range(half):
+        c = cos[t, i]
+        s = sin[t, i]
+        if neox:
+            j0 = i
+            j1 = i + half
+        else:
+            j0 = 2 * i
+            j1 = 2 * i + 1
+        x0 = out[t, base + j0]
+        x1 = out[t, base + j1]
+        out[t, base + j0] = x0 * c - x1 * s
+        out[t, base + j1] = x0 * s + x1 * c
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend(q, k, v, bq, bk, bv, cos, sin, n_dims, neox, k_rows, v_rows, cells, n_head_kv, mask,
+            visible, counts, scale, softcap, sinks, serial, q_out, k_tmp, out):
+    """ForwardContext.attend's work for a decode step: q (n, H*d_k), k (n, Hkv*d_k),
+    v (n, Hkv*d_v) from the projections, each plus its bias (empty: none); q and k rotated
+    (n_dims 0: no RoPE) into q_out (n, H, d_k) and k_tmp; k and v stored into the cache's rows
+    (n_ctx, row; fp16 bits or float32) at `cells`; then q attended over the mask's cells
+    [0, n_kv) of the rows by attention's decode kernel, into out (n, H, d_v)."""
+    n, d_k = q.shape[0], q_out.shape[2]
+    q2 = q_out.reshape(n, q.shape[1])
+    for t in range(n):
+        for i in range(q.shape[1]):
+            q2[t, i] = _biased(q, bq, t, i)
+        for i in range(k.shape[1]):
+            k_tmp[t, i] = _biased(k, bk, t, i)
+        if n_dims:
+            for h in range(q.shape[1] // d_k):
+                _rotate(q2, t, h * d_k, cos, sin, n_dims, neox)
+            for h in range(k.shape[1] // d_k):
+                _rotate(k_tmp, t, h * d_k, cos, sin, n_dims, neox)
+        c = cells[t]
+        for i in range(k.shape[1]):
+            _put(k_rows, c, i, k_tmp[t, i])
+        for i in range(v.shape[1]):
+            _put(v_rows, c, i, _biased(v, bv, t, i))
+    n_kv = mask.shape[1]
+    _attention_decode(q_out, _seen(k_rows, n_kv), _seen(v_rows, n_kv), n_head_kv, mask, visible,
+                      counts, scale, softcap, sinks, ATTN_DECODE_CELLS, out, serial, False)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _add_rms_norm(x, y, w, eps, x_out, h_out):
+    """x_out = x + y (the residual stream), h_out = rms_norm(x_out) * w, row by row as
+    ops.rms_norm computes it"""
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x_out[r, i] = x[r, i] + y[r, i]
+        _rms_norm_row(x_out, w, eps, h_out, r)
+
+
+def fusable(layer, kv_types: tuple[str, str]) -> bool:
+    """Whether FusedBlock computes this DecoderLayer with K and V rows of `kv_types`: whole
+    16-value head slices (the decode attention kernel's vectors), float rows (q8_0 ones go the
+    general way), the CPU's fp16 conversion for f16 ones (as attention.attention requires)."""
+    return ENABLED and layer.head_dim_k % 16 == 0 and layer.head_dim_v % 16 == 0 \
+        and all(t == "f32" or (t == "f16" and HAS_HW_FP16) for t in kv_types)
+
+
+class _Products:
+    """x times each of a few matrices of one input size (Q, K, V or gate, up): through their
+    packed copies once the backend has packed them (in one product when it fused them), until
+    then, and for good where it could not, through backend.matmul_many."""
+
+    def __init__(self, backend, weights):
+        self.backend, self.weights = backend, tuple(weights)
+        self.packed = None  # (kernel, data, parts, n_out, nbytes, row bounds) per product, once
+        # known; () for the backend's way
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        if not self.packed or not _matmul.USE_INT8:  # (packed_product's switch)
+            outs = self.backend.matmul_many(self.weights, x) if len(self.weights) > 1 \
+                else [self.backend.matmul(self.weights[0], x)]
+            if self.packed is None:
+                self.packed = self._packed()
+            return outs
+        n, outs = x.shape[0], []
+        for kernel, data, parts, n_out, nbytes, bounds in self.packed:
+            # as matmul_packed.matmul, with what it looks up found once
+            out = np.empty(n * n_out, np.float32)
+            kernel(data, parts, x, out, nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES)
+            if len(bounds) == 1:
+                outs.append(out.reshape(n, n_out))
+            else:
+                outs += [out[n * a:n * b].reshape(n, b - a) for a, b in bounds]
+        return outs
+
+    def _packed(self) -> tuple:
+        """after the backend's first product (which packs and fuses): what to multiply"""
+        first = self.weights[0]
+        if len(self.weights) > 1 and first.fused and first.fused[0] == self.weights:
+            products = (first.fused[1],)
+        elif all(w.packed for w in self.weights):
+            products = tuple(w.packed for w in self.weights)
+        else:
+            return ()
+        return tuple((matmul_packed.KERNELS[p.type_name].kernel, p.data, p.parts, p.n_out,
+                      p.nbytes, tuple(zip(p.parts.tolist()[:-1], p.parts.tolist()[1:])))
+                     for p in products)
+
+
+class FusedBlock:
+    """One DecoderLayer's decode step on the CPU: `__call__(ctx, x)` is Transformer.block's
+    result for a batch of up to ATTN_FUSED_MAX_TOKENS tokens."""
+
+    max_tokens = ATTN_FUSED_MAX_TOKENS
+
+    def __init__(self, backend, layer):
+        self.il = layer.il
+        self.layer = layer
+        self.eps = np.float32(layer.eps)
+        self.qkv = _Products(backend, (layer.wq, layer.wk, layer.wv))
+        self.wo = _Products(backend, (layer.wo,))
+        self.gate_up = _Products(backend, (layer.w_gate, layer.w_up))
+        self.down = _Products(backend, (layer.w_down,))
+        self.biases = tuple(NO_SINKS if b is None else np.ascontiguousarray(b, np.float32)
+                            for b in (layer.bq, layer.bk, layer.bv))
+        self.sinks = NO_SINKS if layer.sinks is None else np.array(layer.sinks, np.float32)
+        self.scale, self.softcap = np.float32(layer.kq_scale), np.float32(layer.softcap)
+        self.n_dims = 0 if layer.rope is None else layer.rope.n_dims
+        self.neox = layer.rope is not None and bool(layer.rope.neox)
+        # attention's work per cell, as attention.attention decides to stay on this thread
+        self.flops_per_cell = layer.n_head * (layer.head_dim_k + layer.head_dim_v)
+        self.batch_key = ("fused", None if layer.rope is None else layer.rope.key(),
+                          layer.window)
+        self.backend = backend
+
+    def __call__(self, ctx, x: np.ndarray) -> np.ndarray:
+        L, n = self.layer, x.shape[0]
+        x = np.ascontiguousarray(x)
+        h = np.empty_like(x)
+        (_rms_norm_rows_here if x.size < PARALLEL_MIN_VALUES else _rms_norm_rows)(
+            x, L.attn_norm, self.eps, h)
+        att = self._attention(ctx, n, *self.qkv(h))
+        (a,) = self.wo(att)
+        x2, h2 = np.empty_like(x), np.empty_like(x)
+        _add_rms_norm(x, a, L.ffn_norm, self.eps, x2, h2)
+        g, u = self.gate_up(h2)
+        act = np.empty_like(g)
+        (_swiglu_here if g.size < PARALLEL_MIN_VALUES else _swiglu)(g, u, act)
+        (d,) = self.down(act)
+        return np.add(x2, d, out=x2)
+
+    def _attention(self, ctx, n: int, q, k, v) -> np.ndarray:
+        """q, k, v biased and rotated, k and v stored, q attended over the cache:
+        (n, H * d_v), as ForwardContext.attend and attention.attention compute it."""
+        L = self.layer
+        cos, sin, mask, visible, counts = ctx.shared(self.batch_key,
+                                                     lambda: self._batch_inputs(ctx, n))
+        q_out = np.empty((n, L.n_head, L.head_dim_k), np.float32)
+        out = np.empty((n, L.n_head, L.head_dim_v), np.float32)
+        _attend(q, k, v, *self.biases, cos, sin, self.n_dims, self.neox,
+                ctx.kv.k[self.il].data, ctx.kv.v[self.il].data, ctx.cells, L.n_head_kv, mask,
+                visible, counts, self.scale, self.softcap, self.sinks,
+                n * mask.shape[1] * self.flops_per_cell < 1 << 16, q_out, np.empty_like(k), out)
+        return out.reshape(n, -1)
+
+    def _batch_inputs(self, ctx, n: int) -> tuple:
+        """what the batch's layers of this RoPE and window share: RoPE tables (n, n_dims / 2),
+        the KQ mask and the visible cells (ForwardContext.mask, visible_cells)"""
+        L = self.layer
+        if L.rope is None:
+            cos = sin = np.zeros((n, 0), np.float32)
+        else:
+            cos, sin = self.backend.rope_tables(ctx.positions, L.rope)
+        visible, counts = ctx.visible_cells(L.window)
+        return cos, sin, ctx.mask(L.window), visible, counts
