@@ -114,11 +114,12 @@ class KQMask:
 
 
 class DecoderLayer(NamedTuple):
-    """One layer of llama.cpp's common decoder block (llm_build_llama) as a backend's fused
-    decode step takes it (`Backend.fused_block`): pre-norm attention over the layer's own cache
-    (Q, K, V separate, optional biases, RoPE or none, optional soft-capping and sinks) and a
-    SwiGLU FFN, each added to the residual stream; nothing else (Transformer.decoder_layer says
-    which layers are this)."""
+    """One layer of llama.cpp's common decoder block (llm_build_llama, with what Qwen 2/3 and
+    Gemma 2/3 add) as a backend's fused decode step takes it (`Backend.fused_block`): pre-norm
+    attention over the layer's own cache (Q, K, V separate, optional biases, per-head Q/K RMS
+    norms, RoPE or none, Q scaled before attention, soft-capping, sinks) and a gated FFN
+    (SwiGLU or GeGLU), each optionally normed again and added to the residual stream; nothing
+    else (Transformer.fused_block says which layers are this). Absent pieces are None."""
     il: int
     attn_norm: object
     wq: object
@@ -127,21 +128,26 @@ class DecoderLayer(NamedTuple):
     bq: object
     bk: object
     bv: object
+    q_norm: object
+    k_norm: object
     wo: object
+    post_attn_norm: object
     ffn_norm: object
     w_gate: object
     w_up: object
     w_down: object
+    post_ffw_norm: object
+    activation: str  # "silu" (SwiGLU) or "gelu" (GeGLU)
     sinks: object
     n_head: int
     n_head_kv: int
     head_dim_k: int
     head_dim_v: int
     eps: float
+    q_scale: float  # Q times this after RoPE (Gemma's ggml_scale of Qcur; 1: none)
     kq_scale: float
     softcap: float
     rope: RopeSpec | None
-    window: int  # the sliding window it attends within, 0: the whole sequence
 
 
 class Backend(ABC):

@@ -43,6 +43,9 @@ def _steps(path, fused: bool, monkeypatch, **config) -> tuple[list[np.ndarray], 
     ("llama-sliding-window", "Q8_0", "f16"),
     ("llama-yarn", "Q4_K", "f16"),
     ("smollm3", "Q8_0", "f16"),  # layers without RoPE
+    ("qwen3", "Q4_K", "f16"),  # per-head Q/K norms
+    ("gemma3", "Q8_0", "f16"),  # Q/K norms, Q scaled first, post-norms, GeGLU, windows
+    ("gemma2", "Q8_0", "f16"),  # attention soft-capping
 ])
 def test_fused_decode_gives_the_op_by_op_logits(name, type_name, cache, model_dir, monkeypatch):
     path = write_model(name, type_name, model_dir)
@@ -55,8 +58,7 @@ def test_fused_decode_gives_the_op_by_op_logits(name, type_name, cache, model_di
 
 
 @pytest.mark.parametrize("name, cache", [
-    ("gemma3", "f16"),  # Q scaled first, GeGLU, post-norms
-    ("qwen3", "f16"),  # per-head Q/K norms
+    ("olmo2", "f16"),  # Q/K norms over the whole projection, no pre-norms
     ("granite", "f16"),  # its own residual scaling
     ("phi3", "f16"),  # one fused QKV matrix from the file
     ("qwen2moe", "f16"),  # experts

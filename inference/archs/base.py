@@ -317,8 +317,7 @@ class Transformer(Architecture):
     _FUSED_HOOKS = ("block", "attention", "project_qkv", "_qk", "ffn", "gated_ffn", "activate",
                     "add_residual", "norm")
     # the optional pieces of a layer the fused step does not take
-    _UNFUSED_PIECES = ("wqkv", "bqkv", "bo", "q_norm", "k_norm", "post_attn_norm",
-                       "post_ffw_norm")
+    _UNFUSED_PIECES = ("wqkv", "bqkv", "bo")
 
     def fused_blocks(self, ctx, w: Weights) -> list:
         """Each layer's fused decode step (Backend.fused_block) or None, found at the first
@@ -331,12 +330,15 @@ class Transformer(Architecture):
 
     def fused_block(self, ctx, il: int, L):
         """Layer il as a DecoderLayer for its backend's fused step, where it is one: the
-        family keeps the block's defaults and the layer has none of the pieces it lacks."""
+        family keeps the block's defaults and the layer has none of the pieces it lacks (Q/K
+        norms are per head)."""
         cls, hp = type(self), ctx.hp
-        if cls.scale_q_first or cls.ffn_activation != "silu" or any(
+        if cls.ffn_activation not in ("silu", "gelu") or any(
                 getattr(cls, hook) is not getattr(Transformer, hook) for hook in self._FUSED_HOOKS):
             return None
-        if any(getattr(L, piece, None) is not None for piece in self._UNFUSED_PIECES) \
+        norms = [getattr(L, name, None) for name in ("q_norm", "k_norm")]
+        if any(norm is not None and norm.shape[0] != hp.head_dim_k for norm in norms) \
+                or any(getattr(L, piece, None) is not None for piece in self._UNFUSED_PIECES) \
                 or getattr(L, "w_gate", None) is None or L.attn_norm is None \
                 or L.ffn_norm is None or self.kv_source(hp, il) != il:
             return None
@@ -344,10 +346,14 @@ class Transformer(Architecture):
         if ctx.model.kv_backends[il] is not be:
             return None
         n_head_kv, head_dim_k, head_dim_v = self.kv_shape(hp, il)
-        layer = DecoderLayer(il, L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.wo,
-                             L.ffn_norm, L.w_gate, L.w_up, L.w_down, getattr(L, "sinks", None),
-                             hp.n_head, n_head_kv, head_dim_k, head_dim_v, hp.rms_eps,
-                             hp.kq_scale, hp.attn_logit_softcap, ctx.rope(il), hp.window(il))
+        q_scale, kq_scale = (hp.kq_scale, 1.0) if cls.scale_q_first else (1.0, hp.kq_scale)
+        piece = lambda name: getattr(L, name, None)  # noqa: E731 (a family's layers may lack it)
+        layer = DecoderLayer(
+            il, L.attn_norm, L.wq, L.wk, L.wv, piece("bq"), piece("bk"), piece("bv"), *norms,
+            L.wo, piece("post_attn_norm"), L.ffn_norm, L.w_gate, L.w_up, L.w_down,
+            piece("post_ffw_norm"), cls.ffn_activation, piece("sinks"), hp.n_head, n_head_kv,
+            head_dim_k, head_dim_v, hp.rms_eps, q_scale, kq_scale, hp.attn_logit_softcap,
+            ctx.rope(il))
         return be.fused_block(layer, (ctx.kv.type_k, ctx.kv.type_v))
 
     def greedy_on_device(self, hp: HParams) -> bool:

@@ -3,22 +3,25 @@
 `Transformer.block` runs each op through the backend's general methods: on SmolLM2 a decode
 step made ~6,000 Python calls (shape checks, copies, dispatch) around ~310 kernel calls, 1.8 ms
 of a 4.2 ms step (benchmarks/bench_decode_python.py). A layer here is eight calls over the same
-kernels, with the glue between them fused into two small ones:
+kernels, with the glue between them fused into three small ones:
 
     h = rms_norm(x)                       ops' row kernel
     q, k, v = wq·h, wk·h, wv·h            one packed product (matmul_many's fused copy)
-    a = _attend(q, k, v, cache)           biases, RoPE of q and k, k and v into the cache, then
-                                          attention's decode kernel over the visible cells
-    x', h' = x + wo·a, rms_norm(x')       _add_rms_norm
+    a = _attend(q, k, v, cache)           biases, Q/K norms, RoPE, Q's scale, k and v into the
+                                          cache, then attention's decode kernel over the
+                                          visible cells
+    x', h' = x + wo·a, rms_norm(x')       _add_rms_norm (wo·a post-normed first where the
+                                          family has that norm)
     g, u = gate·h', up·h'                 one packed product
-    x' + down·swiglu(g, u)
+    x' + down·act(g, u)                   SwiGLU or GeGLU's kernel; _add_normed where the FFN's
+                                          output is post-normed
 
 Every value is computed by the same operations in the same order as the general path (the same
 row functions, float32 adds, the same fp16 rounding, the same attention kernel and arguments), so
-a token's logits are bit-identical whichever path ran (tests/test_fused_block.py). What the
-block may hold is `backend.DecoderLayer`'s (llama.cpp's llm_build_llama with Qwen 2's biases and
-gpt-oss's sinks and soft-capping); a matrix that is not packed (a CPU without VNNI, a format
-with no packed kernel) goes through the backend's matmul as before.
+a token's logits are bit-identical whichever path ran (tests/test_fused_block.py). What a block
+may hold is `backend.DecoderLayer`'s (llama.cpp's llm_build_llama with what Qwen 2/3, Gemma 2/3
+and gpt-oss's attention add); a matrix that is not packed (a CPU without VNNI, a format with no
+packed kernel) goes through the backend's matmul as before.
 """
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ from . import matmul as _matmul
 from . import matmul_packed
 from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _attention_decode
 from .matmul import PARALLEL_MIN_BYTES, PARALLEL_MIN_VALUES
-from .ops import NO_SINKS, _rms_norm_row, _rms_norm_rows, _rms_norm_rows_here, _swiglu, \
-    _swiglu_here
+from .ops import (GELU_F16_TABLE, NO_SINKS, _geglu_table, _geglu_table_here, _rms_norm_row,
+                  _rms_norm_rows, _rms_norm_rows_here, _swiglu, _swiglu_here)
 
 __all__ = ["FusedBlock", "fusable", "ENABLED"]
 
@@ -96,13 +99,16 @@ def _rotate(out, t, base, cos, sin, n_dims, neox):
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend(q, k, v, bq, bk, bv, cos, sin, n_dims, neox, k_rows, v_rows, cells, n_head_kv, mask,
-            visible, counts, scale, softcap, sinks, serial, q_out, k_tmp, out):
-    """ForwardContext.attend's work for a decode step: q (n, H*d_k), k (n, Hkv*d_k),
-    v (n, Hkv*d_v) from the projections, each plus its bias (empty: none); q and k rotated
-    (n_dims 0: no RoPE) into q_out (n, H, d_k) and k_tmp; k and v stored into the cache's rows
+def _attend(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_scale, k_rows,
+            v_rows, cells, n_head_kv, mask, visible, counts, scale, softcap, sinks, serial, q_out,
+            k_tmp, out):
+    """ForwardContext.attend's work for a decode step, as Transformer.attention orders it:
+    q (n, H*d_k), k (n, Hkv*d_k), v (n, Hkv*d_v) from the projections, each plus its bias;
+    q's and k's heads RMS-normed (Qwen 3, Gemma); q and k rotated (n_dims 0: no RoPE) into
+    q_out (n, H, d_k) and k_tmp; q times q_scale (Gemma); k and v stored into the cache's rows
     (n_ctx, row; fp16 bits or float32) at `cells`; then q attended over the mask's cells
-    [0, n_kv) of the rows by attention's decode kernel, into out (n, H, d_v)."""
+    [0, n_kv) of the rows by attention's decode kernel, into out (n, H, d_v). Biases and norms
+    may be empty: none."""
     n, d_k = q.shape[0], q_out.shape[2]
     q2 = q_out.reshape(n, q.shape[1])
     for t in range(n):
@@ -110,11 +116,23 @@ def _attend(q, k, v, bq, bk, bv, cos, sin, n_dims, neox, k_rows, v_rows, cells, 
             q2[t, i] = _biased(q, bq, t, i)
         for i in range(k.shape[1]):
             k_tmp[t, i] = _biased(k, bk, t, i)
+    if q_norm.size:  # per head: rows of d_k values, normed in place as ops.rms_norm does
+        q_heads = q2.reshape(-1, d_k)
+        for r in range(q_heads.shape[0]):
+            _rms_norm_row(q_heads, q_norm, eps, q_heads, r)
+    if k_norm.size:
+        k_heads = k_tmp.reshape(-1, d_k)
+        for r in range(k_heads.shape[0]):
+            _rms_norm_row(k_heads, k_norm, eps, k_heads, r)
+    for t in range(n):
         if n_dims:
             for h in range(q.shape[1] // d_k):
                 _rotate(q2, t, h * d_k, cos, sin, n_dims, neox)
             for h in range(k.shape[1] // d_k):
                 _rotate(k_tmp, t, h * d_k, cos, sin, n_dims, neox)
+        if q_scale != np.float32(1.0):
+            for i in range(q.shape[1]):
+                q2[t, i] = q2[t, i] * q_scale
         c = cells[t]
         for i in range(k.shape[1]):
             _put(k_rows, c, i, k_tmp[t, i])
@@ -126,13 +144,30 @@ def _attend(q, k, v, bq, bk, bv, cos, sin, n_dims, neox, k_rows, v_rows, cells, 
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _add_rms_norm(x, y, w, eps, x_out, h_out):
-    """x_out = x + y (the residual stream), h_out = rms_norm(x_out) * w, row by row as
-    ops.rms_norm computes it"""
+def _add_rms_norm(x, y, post, w, eps, x_out, h_out):
+    """x_out = x + y (the residual stream; y first RMS-normed times `post` unless it is empty:
+    Gemma's post-attention norm, in place), h_out = rms_norm(x_out) * w, row by row as
+    ops.rms_norm computes them"""
     for r in range(x.shape[0]):
+        if post.size:
+            _rms_norm_row(y, post, eps, y, r)
         for i in range(x.shape[1]):
             x_out[r, i] = x[r, i] + y[r, i]
         _rms_norm_row(x_out, w, eps, h_out, r)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _add_normed(x, y, post, eps):
+    """x += y, y first RMS-normed times `post` in place (Gemma's post-FFN norm)"""
+    for r in range(x.shape[0]):
+        _rms_norm_row(y, post, eps, y, r)
+        for i in range(x.shape[1]):
+            x[r, i] = x[r, i] + y[r, i]
+
+
+def _vector(v) -> np.ndarray:
+    """a layer's optional vector as the kernels take it: float32, an empty array for none"""
+    return NO_SINKS if v is None else np.array(v, dtype=np.float32)
 
 
 def fusable(layer, kv_types: tuple[str, str]) -> bool:
@@ -199,16 +234,22 @@ class FusedBlock:
         self.wo = _Products(backend, (layer.wo,))
         self.gate_up = _Products(backend, (layer.w_gate, layer.w_up))
         self.down = _Products(backend, (layer.w_down,))
-        self.biases = tuple(NO_SINKS if b is None else np.ascontiguousarray(b, np.float32)
-                            for b in (layer.bq, layer.bk, layer.bv))
-        self.sinks = NO_SINKS if layer.sinks is None else np.array(layer.sinks, np.float32)
+        # the optional vectors, an empty array where absent (the kernels' "none")
+        self.biases = tuple(_vector(b) for b in (layer.bq, layer.bk, layer.bv))
+        self.qk_norms = _vector(layer.q_norm), _vector(layer.k_norm)
+        self.post_attn_norm = _vector(layer.post_attn_norm)
+        self.post_ffw_norm = None if layer.post_ffw_norm is None else _vector(layer.post_ffw_norm)
+        self.sinks = _vector(layer.sinks)
+        self.activation = (_swiglu_here, _swiglu) if layer.activation == "silu" else \
+            (_geglu_table_here, _geglu_table)
+        self.tables = () if layer.activation == "silu" else (GELU_F16_TABLE,)
+        self.q_scale = np.float32(layer.q_scale)
         self.scale, self.softcap = np.float32(layer.kq_scale), np.float32(layer.softcap)
         self.n_dims = 0 if layer.rope is None else layer.rope.n_dims
         self.neox = layer.rope is not None and bool(layer.rope.neox)
         # attention's work per cell, as attention.attention decides to stay on this thread
         self.flops_per_cell = layer.n_head * (layer.head_dim_k + layer.head_dim_v)
-        self.batch_key = ("fused", None if layer.rope is None else layer.rope.key(),
-                          layer.window)
+        self.rope_key = None if layer.rope is None else layer.rope.key()
         self.backend = backend
 
     def __call__(self, ctx, x: np.ndarray) -> np.ndarray:
@@ -220,28 +261,33 @@ class FusedBlock:
         att = self._attention(ctx, n, *self.qkv(h))
         (a,) = self.wo(att)
         x2, h2 = np.empty_like(x), np.empty_like(x)
-        _add_rms_norm(x, a, L.ffn_norm, self.eps, x2, h2)
+        _add_rms_norm(x, a, self.post_attn_norm, L.ffn_norm, self.eps, x2, h2)
         g, u = self.gate_up(h2)
         act = np.empty_like(g)
-        (_swiglu_here if g.size < PARALLEL_MIN_VALUES else _swiglu)(g, u, act)
+        self.activation[g.size >= PARALLEL_MIN_VALUES](g, u, *self.tables, act)
         (d,) = self.down(act)
-        return np.add(x2, d, out=x2)
+        if self.post_ffw_norm is None:
+            return np.add(x2, d, out=x2)
+        _add_normed(x2, d, self.post_ffw_norm, self.eps)
+        return x2
 
     def _attention(self, ctx, n: int, q, k, v) -> np.ndarray:
-        """q, k, v biased and rotated, k and v stored, q attended over the cache:
-        (n, H * d_v), as ForwardContext.attend and attention.attention compute it."""
+        """q, k, v biased, normed and rotated, k and v stored, q attended over the cache:
+        (n, H * d_v), as Transformer.attention and ForwardContext.attend compute it."""
         L = self.layer
-        cos, sin, mask, visible, counts = ctx.shared(self.batch_key,
-                                                     lambda: self._batch_inputs(ctx, n))
+        window = ctx.hp.window(self.il)  # (read each time, as the op-by-op block does)
+        cos, sin, mask, visible, counts = ctx.shared(("fused", self.rope_key, window),
+                                                     lambda: self._batch_inputs(ctx, n, window))
         q_out = np.empty((n, L.n_head, L.head_dim_k), np.float32)
         out = np.empty((n, L.n_head, L.head_dim_v), np.float32)
-        _attend(q, k, v, *self.biases, cos, sin, self.n_dims, self.neox,
-                ctx.kv.k[self.il].data, ctx.kv.v[self.il].data, ctx.cells, L.n_head_kv, mask,
-                visible, counts, self.scale, self.softcap, self.sinks,
-                n * mask.shape[1] * self.flops_per_cell < 1 << 16, q_out, np.empty_like(k), out)
+        _attend(q, k, v, *self.biases, *self.qk_norms, self.eps, cos, sin, self.n_dims,
+                self.neox, self.q_scale, ctx.kv.k[self.il].data, ctx.kv.v[self.il].data,
+                ctx.cells, L.n_head_kv, mask, visible, counts, self.scale, self.softcap,
+                self.sinks, n * mask.shape[1] * self.flops_per_cell < 1 << 16, q_out,
+                np.empty_like(k), out)
         return out.reshape(n, -1)
 
-    def _batch_inputs(self, ctx, n: int) -> tuple:
+    def _batch_inputs(self, ctx, n: int, window: int) -> tuple:
         """what the batch's layers of this RoPE and window share: RoPE tables (n, n_dims / 2),
         the KQ mask and the visible cells (ForwardContext.mask, visible_cells)"""
         L = self.layer
@@ -249,5 +295,5 @@ class FusedBlock:
             cos = sin = np.zeros((n, 0), np.float32)
         else:
             cos, sin = self.backend.rope_tables(ctx.positions, L.rope)
-        visible, counts = ctx.visible_cells(L.window)
-        return cos, sin, ctx.mask(L.window), visible, counts
+        visible, counts = ctx.visible_cells(window)
+        return cos, sin, ctx.mask(window), visible, counts
