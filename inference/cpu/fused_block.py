@@ -2,14 +2,14 @@
 
 `Transformer.block` runs each op through the backend's general methods: on SmolLM2 a decode
 step made ~6,000 Python calls (shape checks, copies, dispatch) around ~310 kernel calls, 1.8 ms
-of a 4.2 ms step (benchmarks/bench_decode_python.py). A layer here is eight calls over the same
+of a 4.2 ms step (benchmarks/bench_decode_python.py). A layer here is nine calls over the same
 kernels, with the glue between them fused into three small ones:
 
     h = rms_norm(x)                       ops' row kernel
     q, k, v = wq·h, wk·h, wv·h            one packed product (matmul_many's fused copy)
-    a = _attend(q, k, v, cache)           biases, Q/K norms, RoPE, Q's scale, k and v into the
-                                          cache, then attention's decode kernel over the
-                                          visible cells
+    _store_qkv(q, k, v, cache)            biases, Q/K norms, RoPE, Q's scale, k and v into the
+                                          cache
+    a = attention(q, cache)               attention's decode kernel over the visible cells
     x', h' = x + wo·a, rms_norm(x')       _add_rms_norm (wo·a post-normed first where the
                                           family has that norm)
     g, u = gate·h', up·h'                 one packed product
@@ -35,10 +35,10 @@ from numba.extending import overload
 from ..quants.fp16 import HAS_HW_FP16, fp32_to_fp16
 from . import matmul as _matmul
 from . import matmul_packed
-from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _attention_decode
+from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _as_kv_rows, _attention_decode
 from .matmul import PARALLEL_MIN_BYTES, PARALLEL_MIN_VALUES
-from .ops import (GELU_F16_TABLE, NO_SINKS, _geglu_table, _geglu_table_here, _rms_norm_row,
-                  _rms_norm_rows, _rms_norm_rows_here, _swiglu, _swiglu_here)
+from .ops import (GELU_F16_TABLE, NO_SINKS, _geglu_table, _geglu_table_here, _rms_norm_rows,
+                  _rms_norm_rows_here, _swiglu, _swiglu_here)
 
 __all__ = ["FusedBlock", "fusable", "ENABLED"]
 
@@ -62,53 +62,42 @@ def _put_impl(rows, c, i, value):
     return put_f32
 
 
-def _seen(rows, n_kv):
-    """Cells [0, n_kv) of a cache's rows as attention's decode kernel reads them
-    (attention._as_kv_rows): fp16 bits as bytes, float32 as they are."""
-
-
-@overload(_seen, inline="always")
-def _seen_impl(rows, n_kv):
-    if rows.dtype == types.uint16:
-        return lambda rows, n_kv: rows[:n_kv].view(np.uint8)
-    return lambda rows, n_kv: rows[:n_kv]
-
-
 @numba.njit(inline="always")
 def _biased(x, b, t, i):
     return x[t, i] + b[i] if b.size else x[t, i]
 
 
-@numba.njit(inline="always")
-def _rotate(out, t, base, cos, sin, n_dims, neox):
-    """ops._rope_apply's rotation of one head (values out[t, base:]) in place"""
+@numba.njit(cache=True, nogil=True)
+def _rotate(x, t, d_k, cos, sin, n_dims, neox):
+    """ops._rope_apply's rotation of token t's heads (x (n, heads * d_k)) in place; compiled
+    apart: inlined twice, it lengthened the first compilation"""
     half = n_dims // 2
-    for i in range(half):
-        c = cos[t, i]
-        s = sin[t, i]
-        if neox:
-            j0 = i
-            j1 = i + half
-        else:
-            j0 = 2 * i
-            j1 = 2 * i + 1
-        x0 = out[t, base + j0]
-        x1 = out[t, base + j1]
-        out[t, base + j0] = x0 * c - x1 * s
-        out[t, base + j1] = x0 * s + x1 * c
+    for base in range(0, x.shape[1], d_k):
+        for i in range(half):
+            c = cos[t, i]
+            s = sin[t, i]
+            if neox:
+                j0 = i
+                j1 = i + half
+            else:
+                j0 = 2 * i
+                j1 = 2 * i + 1
+            x0 = x[t, base + j0]
+            x1 = x[t, base + j1]
+            x[t, base + j0] = x0 * c - x1 * s
+            x[t, base + j1] = x0 * s + x1 * c
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_scale, k_rows,
-            v_rows, cells, n_head_kv, mask, visible, counts, scale, softcap, sinks, serial, q_out,
-            k_tmp, out):
-    """ForwardContext.attend's work for a decode step, as Transformer.attention orders it:
-    q (n, H*d_k), k (n, Hkv*d_k), v (n, Hkv*d_v) from the projections, each plus its bias;
-    q's and k's heads RMS-normed (Qwen 3, Gemma); q and k rotated (n_dims 0: no RoPE) into
-    q_out (n, H, d_k) and k_tmp; q times q_scale (Gemma); k and v stored into the cache's rows
-    (n_ctx, row; fp16 bits or float32) at `cells`; then q attended over the mask's cells
-    [0, n_kv) of the rows by attention's decode kernel, into out (n, H, d_v). Biases and norms
-    may be empty: none."""
+def _store_qkv(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_scale, k_rows,
+               v_rows, cells, q_out, k_tmp):
+    """What comes between the projections and attention, as Transformer.attention and
+    ForwardContext.attend order it: q (n, H*d_k), k (n, Hkv*d_k), v (n, Hkv*d_v) each plus its
+    bias; q's and k's heads RMS-normed (Qwen 3, Gemma); q and k rotated (n_dims 0: no RoPE)
+    into q_out (n, H, d_k) and k_tmp; q times q_scale (Gemma); k and v stored into the cache's
+    rows (n_ctx, row; fp16 bits or float32) at `cells`. Biases and norms may be empty: none.
+    (Attention's kernel is called apart: called from here, it made this function's first
+    compilation 2 s longer.)"""
     n, d_k = q.shape[0], q_out.shape[2]
     q2 = q_out.reshape(n, q.shape[1])
     for t in range(n):
@@ -116,20 +105,16 @@ def _attend(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_
             q2[t, i] = _biased(q, bq, t, i)
         for i in range(k.shape[1]):
             k_tmp[t, i] = _biased(k, bk, t, i)
-    if q_norm.size:  # per head: rows of d_k values, normed in place as ops.rms_norm does
+    if q_norm.size:  # per head: rows of d_k values, normed in place by ops.rms_norm's kernel
         q_heads = q2.reshape(-1, d_k)
-        for r in range(q_heads.shape[0]):
-            _rms_norm_row(q_heads, q_norm, eps, q_heads, r)
+        _rms_norm_rows_here(q_heads, q_norm, eps, q_heads)
     if k_norm.size:
         k_heads = k_tmp.reshape(-1, d_k)
-        for r in range(k_heads.shape[0]):
-            _rms_norm_row(k_heads, k_norm, eps, k_heads, r)
+        _rms_norm_rows_here(k_heads, k_norm, eps, k_heads)
     for t in range(n):
         if n_dims:
-            for h in range(q.shape[1] // d_k):
-                _rotate(q2, t, h * d_k, cos, sin, n_dims, neox)
-            for h in range(k.shape[1] // d_k):
-                _rotate(k_tmp, t, h * d_k, cos, sin, n_dims, neox)
+            _rotate(q2, t, d_k, cos, sin, n_dims, neox)
+            _rotate(k_tmp, t, d_k, cos, sin, n_dims, neox)
         if q_scale != np.float32(1.0):
             for i in range(q.shape[1]):
                 q2[t, i] = q2[t, i] * q_scale
@@ -138,29 +123,26 @@ def _attend(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_
             _put(k_rows, c, i, k_tmp[t, i])
         for i in range(v.shape[1]):
             _put(v_rows, c, i, _biased(v, bv, t, i))
-    n_kv = mask.shape[1]
-    _attention_decode(q_out, _seen(k_rows, n_kv), _seen(v_rows, n_kv), n_head_kv, mask, visible,
-                      counts, scale, softcap, sinks, ATTN_DECODE_CELLS, out, serial, False)
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@numba.njit(cache=True, nogil=True)
 def _add_rms_norm(x, y, post, w, eps, x_out, h_out):
-    """x_out = x + y (the residual stream; y first RMS-normed times `post` unless it is empty:
-    Gemma's post-attention norm, in place), h_out = rms_norm(x_out) * w, row by row as
-    ops.rms_norm computes them"""
+    """x_out = x + y (the residual stream; y first RMS-normed times `post` in place unless it
+    is empty: Gemma's post-attention norm), h_out = rms_norm(x_out) * w, by ops.rms_norm's
+    kernel"""
+    if post.size:
+        _rms_norm_rows_here(y, post, eps, y)
     for r in range(x.shape[0]):
-        if post.size:
-            _rms_norm_row(y, post, eps, y, r)
         for i in range(x.shape[1]):
             x_out[r, i] = x[r, i] + y[r, i]
-        _rms_norm_row(x_out, w, eps, h_out, r)
+    _rms_norm_rows_here(x_out, w, eps, h_out)
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
+@numba.njit(cache=True, nogil=True)
 def _add_normed(x, y, post, eps):
     """x += y, y first RMS-normed times `post` in place (Gemma's post-FFN norm)"""
+    _rms_norm_rows_here(y, post, eps, y)
     for r in range(x.shape[0]):
-        _rms_norm_row(y, post, eps, y, r)
         for i in range(x.shape[1]):
             x[r, i] = x[r, i] + y[r, i]
 
@@ -279,12 +261,15 @@ class FusedBlock:
         cos, sin, mask, visible, counts = ctx.shared(("fused", self.rope_key, window),
                                                      lambda: self._batch_inputs(ctx, n, window))
         q_out = np.empty((n, L.n_head, L.head_dim_k), np.float32)
+        k_rows, v_rows = ctx.kv.k[self.il].data, ctx.kv.v[self.il].data
+        _store_qkv(q, k, v, *self.biases, *self.qk_norms, self.eps, cos, sin, self.n_dims,
+                   self.neox, self.q_scale, k_rows, v_rows, ctx.cells, q_out, np.empty_like(k))
+        n_kv = mask.shape[1]
         out = np.empty((n, L.n_head, L.head_dim_v), np.float32)
-        _attend(q, k, v, *self.biases, *self.qk_norms, self.eps, cos, sin, self.n_dims,
-                self.neox, self.q_scale, ctx.kv.k[self.il].data, ctx.kv.v[self.il].data,
-                ctx.cells, L.n_head_kv, mask, visible, counts, self.scale, self.softcap,
-                self.sinks, n * mask.shape[1] * self.flops_per_cell < 1 << 16, q_out,
-                np.empty_like(k), out)
+        _attention_decode(q_out, _as_kv_rows(k_rows[:n_kv]), _as_kv_rows(v_rows[:n_kv]),
+                          L.n_head_kv, mask, visible, counts, self.scale, self.softcap,
+                          self.sinks, ATTN_DECODE_CELLS, out,
+                          n * n_kv * self.flops_per_cell < 1 << 16, False)
         return out.reshape(n, -1)
 
     def _batch_inputs(self, ctx, n: int, window: int) -> tuple:
