@@ -1,10 +1,11 @@
-"""A decode step's layers through the CPU's fused block (cpu/fused_block.py): the same logits,
-bit for bit, as the op-by-op block, and only for the layers it can compute."""
+"""A decode step's layers through the CPU's fused block (cpu/fused_block.py), as calls from
+Python or as one compiled call per layer: the same logits, bit for bit, as the op-by-op block,
+and only for the layers it can compute."""
 import numpy as np
 import pytest
 
 from llamatui.inference import LoadConfig
-from llamatui.inference.cpu import fused_block
+from llamatui.inference.cpu import fused_block, matmul
 from llamatui.inference.cpu.fused_block import FusedBlock
 from llamatui.inference.model import Batch, Model
 from synthetic_models import TOKENS, write_model
@@ -53,6 +54,9 @@ def test_fused_decode_gives_the_op_by_op_logits(name, type_name, cache, model_di
     fused, blocks = _steps(path, True, monkeypatch, **config)
     plain, _ = _steps(path, False, monkeypatch, **config)
     assert blocks and all(isinstance(b, FusedBlock) for b in blocks)
+    # packed matrices (where the CPU has the 8-bit kernels): each layer in one compiled call
+    packed = matmul.USE_INT8 and type_name != "F16"
+    assert all(bool(b.compiled) == packed for b in blocks)
     for i, (a, b) in enumerate(zip(fused, plain)):
         assert np.array_equal(a, b), f"step {i}: largest difference {np.abs(a - b).max()}"
 

@@ -29,8 +29,9 @@ import os
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba.core import types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from ..quants.fp16 import HAS_HW_FP16, fp32_to_fp16
 from . import matmul as _matmul
@@ -147,6 +148,116 @@ def _add_normed(x, y, post, eps):
             x[r, i] = x[r, i] + y[r, i]
 
 
+# ================================================================== the layer in one call
+
+@intrinsic
+def _call(typingctx, address, args):
+    """Calls the compiled function at `address` (the C wrapper of a numba overload:
+    `_address`) with the values of the tuple `args`, which must have the types it was compiled
+    for: a kernel chosen at run time (a layer's formats, a size's serial or parallel variant)
+    without compiling it into the caller (a parallel kernel called directly lengthened the
+    caller's first compilation by seconds)."""
+    if not isinstance(address, types.Integer) or not isinstance(args, types.BaseTuple):
+        return None
+
+    def codegen(context, builder, signature, llargs):
+        dmm = context.data_model_manager
+        members = list(signature.args[1])
+        fnty = ir.FunctionType(dmm.lookup(types.none).get_value_type(),
+                               [dmm.lookup(t).get_value_type() for t in members])
+        values = [builder.extract_value(llargs[1], i) for i in range(len(members))]
+        builder.call(builder.inttoptr(llargs[0], fnty.as_pointer()), values)
+        return context.get_dummy_value()
+    return types.void(address, args), codegen
+
+
+def _address(dispatcher, *arg_types) -> int:
+    """The address of the C wrapper of `dispatcher` compiled for exactly these argument types
+    (numba's first-class function protocol), compiling it if need be."""
+    from numba.experimental.function_type import _get_wrapper_address
+    return _get_wrapper_address(dispatcher, types.void(*arg_types))
+
+
+@numba.njit(cache=True, nogil=True)
+def _product(kernel, data, parts, n_out, nbytes, h):
+    """h (n, k) times a packed matrix (or fused matrices) by its format's kernel at address
+    `kernel`: flat (n * n_out), as matmul_packed.matmul computes it"""
+    n = h.shape[0]
+    out = np.empty(n * n_out, np.float32)
+    _call(kernel, (data, parts, h, out, nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _layer(x, norms, eps, kernels, datas, partss, n_outs, nbytes, n_qkv, n_gu, dims, biases,
+           qk_norms, cos, sin, n_dims, neox, q_scale, k_rows, v_rows, cells, mask, visible,
+           counts, scale, softcap, sinks, steps, gelu, table):
+    """FusedBlock's layer in one call: x (n, e) -> the residual stream after the layer.
+    norms: attention's, the FFN's, the post-attention and post-FFN norms (empty: none);
+    products 0-2 Q, K, V (n_qkv 1: one fused product), 3 the output, 4-5 gate and up (n_gu 1:
+    fused), 6 down, each by the address of its format's kernel; dims: n_head, n_head_kv, d_k,
+    d_v, then Q's, K's and the FFN's rows; steps: the addresses of the input norm's, the
+    activation's and attention's kernels for this batch's size."""
+    n, e = x.shape
+    h = np.empty_like(x)
+    _call(steps[0], (x, norms[0], eps, h))
+    out = _product(kernels[0], datas[0], partss[0], n_outs[0], nbytes[0], h)
+    if n_qkv == 1:
+        q_rows, k_rows_n = dims[4], dims[5]
+        q = out[:n * q_rows].reshape(n, q_rows)
+        k = out[n * q_rows:n * (q_rows + k_rows_n)].reshape(n, k_rows_n)
+        v = out[n * (q_rows + k_rows_n):].reshape(n, -1)
+    else:
+        q = out.reshape(n, -1)
+        k = _product(kernels[1], datas[1], partss[1], n_outs[1], nbytes[1], h).reshape(n, -1)
+        v = _product(kernels[2], datas[2], partss[2], n_outs[2], nbytes[2], h).reshape(n, -1)
+    q_out = np.empty((n, dims[0], dims[2]), np.float32)
+    _store_qkv(q, k, v, biases[0], biases[1], biases[2], qk_norms[0], qk_norms[1], eps, cos,
+               sin, n_dims, neox, q_scale, k_rows, v_rows, cells, q_out, np.empty_like(k))
+    n_kv = mask.shape[1]
+    att = np.empty((n, dims[0], dims[3]), np.float32)
+    _call(steps[2], (q_out, _seen(k_rows, n_kv), _seen(v_rows, n_kv), dims[1], mask, visible,
+                     counts, scale, softcap, sinks, np.int64(ATTN_DECODE_CELLS), att,
+                     n * n_kv * dims[0] * (dims[2] + dims[3]) < 65536, False))
+    a = _product(kernels[3], datas[3], partss[3], n_outs[3], nbytes[3],
+                 att.reshape(n, -1)).reshape(n, e)
+    x2 = np.empty_like(x)
+    _add_rms_norm(x, a, norms[2], norms[1], eps, x2, h)
+    out = _product(kernels[4], datas[4], partss[4], n_outs[4], nbytes[4], h)
+    if n_gu == 1:
+        f = dims[6]
+        g = out[:n * f].reshape(n, f)
+        u = out[n * f:].reshape(n, f)
+    else:
+        g = out.reshape(n, -1)
+        u = _product(kernels[5], datas[5], partss[5], n_outs[5], nbytes[5], h).reshape(n, -1)
+    act = np.empty_like(g)
+    if gelu:
+        _call(steps[1], (g, u, table, act))
+    else:
+        _call(steps[1], (g, u, act))
+    d = _product(kernels[6], datas[6], partss[6], n_outs[6], nbytes[6], act).reshape(n, e)
+    if norms[3].size:
+        _add_normed(x2, d, norms[3], eps)
+    else:
+        for r in range(n):
+            for i in range(e):
+                x2[r, i] = x2[r, i] + d[r, i]
+    return x2
+
+
+def _seen(rows, n_kv):
+    """Cells [0, n_kv) of a cache's rows as attention's decode kernel reads them
+    (attention._as_kv_rows): fp16 bits as bytes, float32 as they are."""
+
+
+@overload(_seen, inline="always")
+def _seen_impl(rows, n_kv):
+    if rows.dtype == types.uint16:
+        return lambda rows, n_kv: rows[:n_kv].view(np.uint8)
+    return lambda rows, n_kv: rows[:n_kv]
+
+
 def _vector(v) -> np.ndarray:
     """a layer's optional vector as the kernels take it: float32, an empty array for none"""
     return NO_SINKS if v is None else np.array(v, dtype=np.float32)
@@ -233,10 +344,29 @@ class FusedBlock:
         self.flops_per_cell = layer.n_head * (layer.head_dim_k + layer.head_dim_v)
         self.rope_key = None if layer.rope is None else layer.rope.key()
         self.backend = backend
+        # the four norms as _layer takes them, and its constant arguments once every product
+        # is packed (None: not yet known; False: some product is not, the calls below run)
+        self.norms = tuple(_vector(v) for v in (layer.attn_norm, layer.ffn_norm,
+                                                 layer.post_attn_norm, layer.post_ffw_norm))
+        self.compiled = None
+        self.steps = {}  # batch size -> the addresses of its norm, activation, attention kernels
 
     def __call__(self, ctx, x: np.ndarray) -> np.ndarray:
-        L, n = self.layer, x.shape[0]
         x = np.ascontiguousarray(x)
+        if self.compiled and _matmul.USE_INT8:
+            return self._run_compiled(ctx, x)
+        x2 = self._run_calls(ctx, x)
+        if self.compiled is None and all(p.packed is not None for p in
+                                         (self.qkv, self.wo, self.gate_up, self.down)):
+            # the first call packed the matrices: _layer is compiled now (in a load's warm-up)
+            self.compiled = self._compile()
+            if self.compiled:
+                self._run_compiled(ctx, x, compile_only=True)
+        return x2
+
+    def _run_calls(self, ctx, x: np.ndarray) -> np.ndarray:
+        """the layer as calls from here, each product as _Products has it"""
+        L, n = self.layer, x.shape[0]
         h = np.empty_like(x)
         (_rms_norm_rows_here if x.size < PARALLEL_MIN_VALUES else _rms_norm_rows)(
             x, L.attn_norm, self.eps, h)
@@ -252,6 +382,74 @@ class FusedBlock:
             return np.add(x2, d, out=x2)
         _add_normed(x2, d, self.post_ffw_norm, self.eps)
         return x2
+
+    def _compile(self):
+        """_layer's constant arguments: every product's kernel address, packed matrices and
+        sizes in its slots; False where a product is not packed or its parts are not Q, K, V
+        (gate, up) in order."""
+        L = self.layer
+        qkv, wo, gate_up, down = (p.packed for p in (self.qkv, self.wo, self.gate_up,
+                                                     self.down))
+        q_rows, k_rows, v_rows = (L.n_head * L.head_dim_k, L.n_head_kv * L.head_dim_k,
+                                  L.n_head_kv * L.head_dim_v)
+        n_ff = L.w_gate.n_out
+        whole_qkv = ((0, q_rows), (q_rows, q_rows + k_rows), (q_rows + k_rows,
+                                                               q_rows + k_rows + v_rows))
+        if not (qkv and wo and gate_up and down) or len(wo) != 1 or len(down) != 1 \
+                or (len(qkv), len(gate_up)) not in ((1, 1), (1, 2), (3, 1), (3, 2)) \
+                or (len(qkv) == 1 and qkv[0][5] != whole_qkv) \
+                or (len(gate_up) == 1 and gate_up[0][5] != ((0, n_ff), (n_ff, 2 * n_ff))):
+            return False
+        slots = (*qkv, *(qkv[0],) * (3 - len(qkv)), *wo, *gate_up,
+                 *(gate_up[0],) * (2 - len(gate_up)), *down)
+        if len({(numba.typeof(s[1]), numba.typeof(s[2])) for s in slots}) != 1:
+            return False  # one type each, for the tuples _layer indexes
+        a1, a2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
+        kernels = np.array([_address(s[0], numba.typeof(s[1]), numba.typeof(s[2]), a2, a1,
+                                     types.boolean) for s in slots], np.int64)
+        return (kernels, tuple(s[1] for s in slots), tuple(s[2] for s in slots),
+                np.array([s[3] for s in slots], np.int64),
+                np.array([s[4] for s in slots], np.int64), len(qkv), len(gate_up),
+                np.array([L.n_head, L.n_head_kv, L.head_dim_k, L.head_dim_v, q_rows, k_rows,
+                          n_ff], np.int64))
+
+    def _step_kernels(self, n: int, e: int, n_ff: int, batch, k_rows, v_rows) -> np.ndarray:
+        """the addresses of the input norm's, the activation's and attention's kernels for a
+        batch of n tokens, with the types _layer passes them"""
+        a1, a2, a3 = (types.Array(types.float32, d, "C") for d in (1, 2, 3))
+        norm = _rms_norm_rows_here if n * e < PARALLEL_MIN_VALUES else _rms_norm_rows
+        activation = self.activation[n * n_ff >= PARALLEL_MIN_VALUES]
+        gates = (a2, a2, a2) if not self.tables else (a2, a2, numba.typeof(self.tables[0]), a2)
+        _, _, mask, visible, counts = batch
+        seen = [numba.typeof(_as_kv_rows(rows[:1])) for rows in (k_rows, v_rows)]
+        return np.array([
+            _address(norm, a2, numba.typeof(self.norms[0]), types.float32, a2),
+            _address(activation, *gates),
+            _address(_attention_decode, a3, *seen, types.int64, numba.typeof(mask),
+                     numba.typeof(visible), numba.typeof(counts), types.float32, types.float32,
+                     numba.typeof(self.sinks), types.int64, a3, types.boolean, types.boolean)],
+            np.int64)
+
+    def _run_compiled(self, ctx, x: np.ndarray, compile_only: bool = False):
+        """the layer in one call of _layer (compile_only: compiled, or loaded from numba's
+        cache, and not run)"""
+        n, e = x.shape
+        window = ctx.hp.window(self.il)
+        batch = ctx.shared(("fused", self.rope_key, window),
+                           lambda: self._batch_inputs(ctx, n, window))
+        k_rows, v_rows = ctx.kv.k[self.il].data, ctx.kv.v[self.il].data
+        kernels, datas, partss, n_outs, nbytes, n_qkv, n_gu, dims = self.compiled
+        steps = self.steps.get(n)
+        if steps is None:
+            steps = self.steps[n] = self._step_kernels(n, e, int(dims[6]), batch, k_rows, v_rows)
+        cos, sin, mask, visible, counts = batch
+        args = (x, self.norms, self.eps, kernels, datas, partss, n_outs, nbytes, n_qkv, n_gu,
+                dims, self.biases, self.qk_norms, cos, sin, self.n_dims, self.neox, self.q_scale,
+                k_rows, v_rows, ctx.cells, mask, visible, counts, self.scale, self.softcap,
+                self.sinks, steps, bool(self.tables), GELU_F16_TABLE)
+        if compile_only:
+            return _layer.compile(tuple(numba.typeof(a) for a in args))
+        return _layer(*args)
 
     def _attention(self, ctx, n: int, q, k, v) -> np.ndarray:
         """q, k, v biased, normed and rotated, k and v stored, q attended over the cache:
