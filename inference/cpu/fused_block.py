@@ -330,8 +330,9 @@ class FusedBlock:
         # the optional vectors, an empty array where absent (the kernels' "none")
         self.biases = tuple(_vector(b) for b in (layer.bq, layer.bk, layer.bv))
         self.qk_norms = _vector(layer.q_norm), _vector(layer.k_norm)
-        self.post_attn_norm = _vector(layer.post_attn_norm)
-        self.post_ffw_norm = None if layer.post_ffw_norm is None else _vector(layer.post_ffw_norm)
+        # attention's, the FFN's, the post-attention and post-FFN norms
+        self.norms = tuple(_vector(v) for v in (layer.attn_norm, layer.ffn_norm,
+                                                 layer.post_attn_norm, layer.post_ffw_norm))
         self.sinks = _vector(layer.sinks)
         self.activation = (_swiglu_here, _swiglu) if layer.activation == "silu" else \
             (_geglu_table_here, _geglu_table)
@@ -344,10 +345,8 @@ class FusedBlock:
         self.flops_per_cell = layer.n_head * (layer.head_dim_k + layer.head_dim_v)
         self.rope_key = None if layer.rope is None else layer.rope.key()
         self.backend = backend
-        # the four norms as _layer takes them, and its constant arguments once every product
-        # is packed (None: not yet known; False: some product is not, the calls below run)
-        self.norms = tuple(_vector(v) for v in (layer.attn_norm, layer.ffn_norm,
-                                                 layer.post_attn_norm, layer.post_ffw_norm))
+        # _layer's constant arguments once every product is packed (None: not yet known;
+        # False: some product is not, and the layer runs as calls from here)
         self.compiled = None
         self.steps = {}  # batch size -> the addresses of its norm, activation, attention kernels
 
@@ -366,21 +365,21 @@ class FusedBlock:
 
     def _run_calls(self, ctx, x: np.ndarray) -> np.ndarray:
         """the layer as calls from here, each product as _Products has it"""
-        L, n = self.layer, x.shape[0]
+        attn_norm, ffn_norm, post_attn_norm, post_ffw_norm = self.norms
         h = np.empty_like(x)
         (_rms_norm_rows_here if x.size < PARALLEL_MIN_VALUES else _rms_norm_rows)(
-            x, L.attn_norm, self.eps, h)
-        att = self._attention(ctx, n, *self.qkv(h))
+            x, attn_norm, self.eps, h)
+        att = self._attention(ctx, x.shape[0], *self.qkv(h))
         (a,) = self.wo(att)
         x2, h2 = np.empty_like(x), np.empty_like(x)
-        _add_rms_norm(x, a, self.post_attn_norm, L.ffn_norm, self.eps, x2, h2)
+        _add_rms_norm(x, a, post_attn_norm, ffn_norm, self.eps, x2, h2)
         g, u = self.gate_up(h2)
         act = np.empty_like(g)
         self.activation[g.size >= PARALLEL_MIN_VALUES](g, u, *self.tables, act)
         (d,) = self.down(act)
-        if self.post_ffw_norm is None:
+        if not post_ffw_norm.size:
             return np.add(x2, d, out=x2)
-        _add_normed(x2, d, self.post_ffw_norm, self.eps)
+        _add_normed(x2, d, post_ffw_norm, self.eps)
         return x2
 
     def _compile(self):
@@ -405,8 +404,11 @@ class FusedBlock:
         if len({(numba.typeof(s[1]), numba.typeof(s[2])) for s in slots}) != 1:
             return False  # one type each, for the tuples _layer indexes
         a1, a2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
-        kernels = np.array([_address(s[0], numba.typeof(s[1]), numba.typeof(s[2]), a2, a1,
-                                     types.boolean) for s in slots], np.int64)
+        try:
+            kernels = np.array([_address(s[0], numba.typeof(s[1]), numba.typeof(s[2]), a2, a1,
+                                         types.boolean) for s in slots], np.int64)
+        except (ImportError, AttributeError):  # a numba without the protocol: calls it is
+            return False
         return (kernels, tuple(s[1] for s in slots), tuple(s[2] for s in slots),
                 np.array([s[3] for s in slots], np.int64),
                 np.array([s[4] for s in slots], np.int64), len(qkv), len(gate_up),
@@ -416,7 +418,7 @@ class FusedBlock:
     def _step_kernels(self, n: int, e: int, n_ff: int, batch, k_rows, v_rows) -> np.ndarray:
         """the addresses of the input norm's, the activation's and attention's kernels for a
         batch of n tokens, with the types _layer passes them"""
-        a1, a2, a3 = (types.Array(types.float32, d, "C") for d in (1, 2, 3))
+        a2, a3 = types.Array(types.float32, 2, "C"), types.Array(types.float32, 3, "C")
         norm = _rms_norm_rows_here if n * e < PARALLEL_MIN_VALUES else _rms_norm_rows
         activation = self.activation[n * n_ff >= PARALLEL_MIN_VALUES]
         gates = (a2, a2, a2) if not self.tables else (a2, a2, numba.typeof(self.tables[0]), a2)
@@ -434,9 +436,7 @@ class FusedBlock:
         """the layer in one call of _layer (compile_only: compiled, or loaded from numba's
         cache, and not run)"""
         n, e = x.shape
-        window = ctx.hp.window(self.il)
-        batch = ctx.shared(("fused", self.rope_key, window),
-                           lambda: self._batch_inputs(ctx, n, window))
+        batch = self._batch(ctx, n)
         k_rows, v_rows = ctx.kv.k[self.il].data, ctx.kv.v[self.il].data
         kernels, datas, partss, n_outs, nbytes, n_qkv, n_gu, dims = self.compiled
         steps = self.steps.get(n)
@@ -455,9 +455,7 @@ class FusedBlock:
         """q, k, v biased, normed and rotated, k and v stored, q attended over the cache:
         (n, H * d_v), as Transformer.attention and ForwardContext.attend compute it."""
         L = self.layer
-        window = ctx.hp.window(self.il)  # (read each time, as the op-by-op block does)
-        cos, sin, mask, visible, counts = ctx.shared(("fused", self.rope_key, window),
-                                                     lambda: self._batch_inputs(ctx, n, window))
+        cos, sin, mask, visible, counts = self._batch(ctx, n)
         q_out = np.empty((n, L.n_head, L.head_dim_k), np.float32)
         k_rows, v_rows = ctx.kv.k[self.il].data, ctx.kv.v[self.il].data
         _store_qkv(q, k, v, *self.biases, *self.qk_norms, self.eps, cos, sin, self.n_dims,
@@ -470,9 +468,15 @@ class FusedBlock:
                           n * n_kv * self.flops_per_cell < 1 << 16, False)
         return out.reshape(n, -1)
 
+    def _batch(self, ctx, n: int) -> tuple:
+        """what the batch's layers of this RoPE and window share, found by the first of them:
+        RoPE tables (n, n_dims / 2), the KQ mask and the visible cells (ForwardContext.mask,
+        visible_cells); the window read each time, as the op-by-op block does"""
+        window = ctx.hp.window(self.il)
+        return ctx.shared(("fused", self.rope_key, window),
+                          lambda: self._batch_inputs(ctx, n, window))
+
     def _batch_inputs(self, ctx, n: int, window: int) -> tuple:
-        """what the batch's layers of this RoPE and window share: RoPE tables (n, n_dims / 2),
-        the KQ mask and the visible cells (ForwardContext.mask, visible_cells)"""
         L = self.layer
         if L.rope is None:
             cos = sin = np.zeros((n, 0), np.float32)
