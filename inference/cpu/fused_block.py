@@ -39,7 +39,7 @@ from . import matmul_packed
 from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _as_kv_rows, _attention_decode
 from .matmul import PARALLEL_MIN_BYTES, PARALLEL_MIN_VALUES
 from .ops import (GELU_F16_TABLE, NO_SINKS, _geglu_table, _geglu_table_here, _rms_norm_rows,
-                  _rms_norm_rows_here, _swiglu, _swiglu_here)
+                  _rms_norm_rows_here, _rope_apply, _swiglu, _swiglu_here)
 
 __all__ = ["FusedBlock", "fusable", "ENABLED"]
 
@@ -69,27 +69,6 @@ def _biased(x, b, t, i):
 
 
 @numba.njit(cache=True, nogil=True)
-def _rotate(x, t, d_k, cos, sin, n_dims, neox):
-    """ops._rope_apply's rotation of token t's heads (x (n, heads * d_k)) in place; compiled
-    apart: inlined twice, it lengthened the first compilation"""
-    half = n_dims // 2
-    for base in range(0, x.shape[1], d_k):
-        for i in range(half):
-            c = cos[t, i]
-            s = sin[t, i]
-            if neox:
-                j0 = i
-                j1 = i + half
-            else:
-                j0 = 2 * i
-                j1 = 2 * i + 1
-            x0 = x[t, base + j0]
-            x1 = x[t, base + j1]
-            x[t, base + j0] = x0 * c - x1 * s
-            x[t, base + j1] = x0 * s + x1 * c
-
-
-@numba.njit(cache=True, nogil=True)
 def _store_qkv(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox, q_scale, k_rows,
                v_rows, cells, q_out, k_tmp):
     """What comes between the projections and attention, as Transformer.attention and
@@ -112,10 +91,10 @@ def _store_qkv(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, n_dims, neox,
     if k_norm.size:
         k_heads = k_tmp.reshape(-1, d_k)
         _rms_norm_rows_here(k_heads, k_norm, eps, k_heads)
+    if n_dims:  # ops' RoPE kernel, on the heads
+        _rope_apply(q_out, cos, sin, n_dims, neox)
+        _rope_apply(k_tmp.reshape(n, -1, d_k), cos, sin, n_dims, neox)
     for t in range(n):
-        if n_dims:
-            _rotate(q2, t, d_k, cos, sin, n_dims, neox)
-            _rotate(k_tmp, t, d_k, cos, sin, n_dims, neox)
         if q_scale != np.float32(1.0):
             for i in range(q.shape[1]):
                 q2[t, i] = q2[t, i] * q_scale

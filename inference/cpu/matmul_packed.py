@@ -416,6 +416,13 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
             hi = vdpbusd(hi, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 64 * j + 32 + 4 * p)))
         isum = viadd(isum, viadd(vimul(lo, vu8(wp, o + 2048 + 32 * j)),
                                  vimul(hi, vu8(wp, o + 2064 + 32 * j))))
+    return _q4_k_scaled(wp, o, xd, xsum, xo, isum, acc)
+
+
+@njit(inline="always")
+def _q4_k_scaled(wp, o, xd, xsum, xo, isum, acc):
+    """acc + a Q4_K block's integer sums isum (already times the sub-block scales) times d * xd,
+    and the mins times the activations' sub-block sums times -dmin * xd"""
     msum = vizero()
     g = xo // 16
     for s in range(8):
@@ -424,6 +431,75 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
     dx = ld(xd, xo // QK_K)
     acc = vfma(vcvt(isum), vmul(vf16(wp, o + 2304), vbcast(dx)), acc)
     return vfma(vcvt(msum), vmul(vf16(wp, o + 2336), vbcast(-dx)), acc)
+
+
+@njit(inline="always")
+def _dot8(a0, a1, a2, a3, a4, a5, a6, a7, z, xq, x, k):
+    """each a_i + z's bytes times token i's 4 activation bytes at x + i * k (vpdpbusd), for 8
+    tokens"""
+    return (vdpbusd(a0, z, vibcast(ld_u32(xq, x))), vdpbusd(a1, z, vibcast(ld_u32(xq, x + k))),
+            vdpbusd(a2, z, vibcast(ld_u32(xq, x + 2 * k))),
+            vdpbusd(a3, z, vibcast(ld_u32(xq, x + 3 * k))),
+            vdpbusd(a4, z, vibcast(ld_u32(xq, x + 4 * k))),
+            vdpbusd(a5, z, vibcast(ld_u32(xq, x + 5 * k))),
+            vdpbusd(a6, z, vibcast(ld_u32(xq, x + 6 * k))),
+            vdpbusd(a7, z, vibcast(ld_u32(xq, x + 7 * k))))
+
+
+@njit(inline="always")
+def _nibble_sums8(wp, o, shift, m4, xq, xo, k):
+    """integer sums of 16 rows' 32 nibbles (the low ones of the 8 packed words at byte o, or
+    with shift 4 the high ones) times each of 8 tokens' 32 activation bytes (token i's at
+    xo + i * k): each word unpacked once for the 8 tokens"""
+    a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
+    a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
+    for p in range(8):
+        z = viand(vishr(vbytes(wp, o + 64 * p), shift), m4)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, z, xq,
+                                               xo + 4 * p, k)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(inline="always")
+def _tile8_q4_k(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
+    """_tile8 for Q4_K with the block's nibbles unpacked once for the 8 tokens instead of once
+    per token (the unpacking was as many vector operations as the dot products): the same
+    integer sums, so the same results as _block_q4_k's"""
+    c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
+    c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
+    m4 = vibcast(0x0F0F0F0F)
+    o = g * nb * GB
+    for b in range(nb):
+        _stream(wp, o, GB)
+        xo = t * k + b * VB
+        i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
+        i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
+        for j in range(4):
+            for half in range(2):  # sub-block 2j + half: the low nibbles, then the high
+                a0, a1, a2, a3, a4, a5, a6, a7 = _nibble_sums8(
+                    wp, o + 512 * j, 4 * half, m4, xq, xo + 64 * j + 32 * half, k)
+                sc = vu8(wp, o + 2048 + 32 * j + 16 * half)
+                i0 = viadd(i0, vimul(a0, sc)); i1 = viadd(i1, vimul(a1, sc))  # noqa: E702
+                i2 = viadd(i2, vimul(a2, sc)); i3 = viadd(i3, vimul(a3, sc))  # noqa: E702
+                i4 = viadd(i4, vimul(a4, sc)); i5 = viadd(i5, vimul(a5, sc))  # noqa: E702
+                i6 = viadd(i6, vimul(a6, sc)); i7 = viadd(i7, vimul(a7, sc))  # noqa: E702
+        c0 = _q4_k_scaled(wp, o, xd, xsum, xo, i0, c0)
+        c1 = _q4_k_scaled(wp, o, xd, xsum, xo + k, i1, c1)
+        c2 = _q4_k_scaled(wp, o, xd, xsum, xo + 2 * k, i2, c2)
+        c3 = _q4_k_scaled(wp, o, xd, xsum, xo + 3 * k, i3, c3)
+        c4 = _q4_k_scaled(wp, o, xd, xsum, xo + 4 * k, i4, c4)
+        c5 = _q4_k_scaled(wp, o, xd, xsum, xo + 5 * k, i5, c5)
+        c6 = _q4_k_scaled(wp, o, xd, xsum, xo + 6 * k, i6, c6)
+        c7 = _q4_k_scaled(wp, o, xd, xsum, xo + 7 * k, i7, c7)
+        o += GB
+    vstore(out, o0 + t * N, c0)
+    vstore(out, o0 + (t + 1) * N, c1)
+    vstore(out, o0 + (t + 2) * N, c2)
+    vstore(out, o0 + (t + 3) * N, c3)
+    vstore(out, o0 + (t + 4) * N, c4)
+    vstore(out, o0 + (t + 5) * N, c5)
+    vstore(out, o0 + (t + 6) * N, c6)
+    vstore(out, o0 + (t + 7) * N, c7)
 
 
 @njit(inline="always")
@@ -464,7 +540,101 @@ def _block_q6_k(wp, o, xq, xo, xd, xsum, xs32, acc):
                 hi = vdpbusd(hi, vior(viand(vishr(z, 4), m4), viand(vishr(h, 2), m2)),
                              vibcast(ld_u32(xq, x + 36)))
             isum = _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum)
+    return _q6_k_final(wp, o, xd, xo, isum, acc)
+
+
+@njit(inline="always")
+def _q6_k_sums8(wp, o, j, half, high, m4, m2, xq, xo, k):
+    """integer sums of one Q6_K sub-block of 16 rows (4j + half; high: 4j + 2 + half, the
+    high nibbles) times each of 8 tokens' activation bytes (token i's block at xo + i * k),
+    the 6-bit values assembled once for the 8 as _block_q6_k assembles them"""
+    a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
+    a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
+    for w in range(2 * half, 2 * half + 2):
+        h = vbytes(wp, o + 2048 + 256 * j + 64 * w)
+        x = xo + 64 * j + 8 * w
+        z = vbytes(wp, o + 512 * j + 128 * w)
+        z1 = vbytes(wp, o + 512 * j + 128 * w + 64)
+        if high:
+            v0 = vior(viand(vishr(z, 4), m4), viand(vishl(h, 2), m2))
+            v1 = vior(viand(vishr(z1, 4), m4), viand(vishr(h, 2), m2))
+            x += 32
+        else:
+            v0 = vior(viand(z, m4), viand(vishl(h, 4), m2))
+            v1 = vior(viand(z1, m4), viand(h, m2))
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, v0, xq, x, k)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, v1, xq, x + 4, k)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(inline="always")
+def _q6_k_scale8(wp, o, s, xsum, g, gk, a0, a1, a2, a3, a4, a5, a6, a7, i0, i1, i2, i3, i4,
+                 i5, i6, i7):
+    """each i_t + sub-block s's integer sums a_t less 32 times token t's activation sum (its
+    xsum at g + t * gk + s), times the sub-block's int8 scales, as _q6_sub"""
+    sc = vi8(wp, o + 3072 + 16 * s)
+    return (viadd(i0, vimul(sc, visub(a0, vibcast(32 * xsum[g + s])))),
+            viadd(i1, vimul(sc, visub(a1, vibcast(32 * xsum[g + gk + s])))),
+            viadd(i2, vimul(sc, visub(a2, vibcast(32 * xsum[g + 2 * gk + s])))),
+            viadd(i3, vimul(sc, visub(a3, vibcast(32 * xsum[g + 3 * gk + s])))),
+            viadd(i4, vimul(sc, visub(a4, vibcast(32 * xsum[g + 4 * gk + s])))),
+            viadd(i5, vimul(sc, visub(a5, vibcast(32 * xsum[g + 5 * gk + s])))),
+            viadd(i6, vimul(sc, visub(a6, vibcast(32 * xsum[g + 6 * gk + s])))),
+            viadd(i7, vimul(sc, visub(a7, vibcast(32 * xsum[g + 7 * gk + s])))))
+
+
+@njit(inline="always")
+def _q6_k_final(wp, o, xd, xo, isum, acc):
+    """acc + a Q6_K block's scaled integer sums times d * xd (as _block_q6_k ends)"""
     return vfma(vcvt(isum), vmul(vf16(wp, o + 3328), vbcast(ld(xd, xo // QK_K))), acc)
+
+
+@njit(inline="always")
+def _tile8_q6_k(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
+    """_tile8 for Q6_K with each 6-bit value assembled once for the 8 tokens instead of once
+    per token (assembling took several times the dot products' vector operations): the same
+    integer sums, so the same results as _block_q6_k's"""
+    c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
+    c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
+    m4 = vibcast(0x0F0F0F0F)
+    m2 = vibcast(0x30303030)
+    gk = k // 16  # xsum entries per token
+    o = g * nb * GB
+    for b in range(nb):
+        _stream(wp, o, GB)
+        xo = t * k + b * VB
+        gx = xo // 16
+        i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
+        i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
+        for j in range(4):
+            for half in range(2):
+                a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, False, m4, m2, xq,
+                                                             xo, k)
+                i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
+                    wp, o, 4 * j + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
+                    i0, i1, i2, i3, i4, i5, i6, i7)
+                a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, True, m4, m2, xq,
+                                                             xo, k)
+                i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
+                    wp, o, 4 * j + 2 + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
+                    i0, i1, i2, i3, i4, i5, i6, i7)
+        c0 = _q6_k_final(wp, o, xd, xo, i0, c0)
+        c1 = _q6_k_final(wp, o, xd, xo + k, i1, c1)
+        c2 = _q6_k_final(wp, o, xd, xo + 2 * k, i2, c2)
+        c3 = _q6_k_final(wp, o, xd, xo + 3 * k, i3, c3)
+        c4 = _q6_k_final(wp, o, xd, xo + 4 * k, i4, c4)
+        c5 = _q6_k_final(wp, o, xd, xo + 5 * k, i5, c5)
+        c6 = _q6_k_final(wp, o, xd, xo + 6 * k, i6, c6)
+        c7 = _q6_k_final(wp, o, xd, xo + 7 * k, i7, c7)
+        o += GB
+    vstore(out, o0 + t * N, c0)
+    vstore(out, o0 + (t + 1) * N, c1)
+    vstore(out, o0 + (t + 2) * N, c2)
+    vstore(out, o0 + (t + 3) * N, c3)
+    vstore(out, o0 + (t + 4) * N, c4)
+    vstore(out, o0 + (t + 5) * N, c5)
+    vstore(out, o0 + (t + 6) * N, c6)
+    vstore(out, o0 + (t + 7) * N, c7)
 
 
 # ================================================================== kernels
@@ -519,9 +689,10 @@ def _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
 
 
 @njit(inline="always")
-def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB):
+def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, tile8):
     """group g's 16 rows for all n tokens into out (flat): part p's rows [parts[p],
-    parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]"""
+    parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]; tiles of 8 tokens
+    by `tile8` (_tile8, or a format's own), the rest one by one"""
     _, nb, GB = wp.shape
     p = 0
     while parts[p + 1] <= GROUP * g:
@@ -530,7 +701,7 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB):
     o0 = n * parts[p] + GROUP * g - parts[p]
     t = 0
     while t + 8 <= n:
-        _tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
+        tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 8
     while t < n:
         _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
@@ -545,32 +716,32 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB):
 
 @njit(**_JIT)
 def _group_q4_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK, _tile8)
 
 
 @njit(**_JIT)
 def _group_q4_1(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK, _tile8)
 
 
 @njit(**_JIT)
 def _group_q5_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK, _tile8)
 
 
 @njit(**_JIT)
 def _group_q8_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK, _tile8)
 
 
 @njit(**_JIT)
 def _group_q4_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K, _tile8_q4_k)
 
 
 @njit(**_JIT)
 def _group_q6_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K, _tile8_q6_k)
 
 
 @njit(parallel=True, **_JIT)
