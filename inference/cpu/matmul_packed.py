@@ -368,34 +368,113 @@ def _scaled(sums, d, xd, bi, acc):
     return vfma(vcvt(sums), vmul(d, vbcast(ld(xd, bi))), acc)
 
 
-# per format: the scaled sums, then the offset (-8, -16, -128: times d) or the min (m) through
-# the token's scaled block sum xs32
+# per format: `_finish_*` scales a block's integer sums s (d times the token's xd), then adds
+# the offset (-8, -16, -128: times d) or the min (m) through the token's scaled block sum xs32
+# (the K-quants: their mins through the sub-block sums xsum); `_block_*` is one token's block,
+# `_sums8_*` the integer sums of 8 tokens at once (token i's activations at xo + i * k), each
+# block's values unpacked once for the 8 (unpacking per token took as many vector operations as
+# the dot products, for Q6_K several times as many); the same integer sums either way
 
 @njit(inline="always")
-def _block_q4_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+def _finish_q4_0(wp, o, s, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 256)
-    acc = _scaled(_sums_q4(wp, o, xq, xo), d, xd, xo // QK, acc)
+    acc = _scaled(s, d, xd, xo // QK, acc)
     return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-8)), acc)
 
 
 @njit(inline="always")
-def _block_q4_1(wp, o, xq, xo, xd, xsum, xs32, acc):
-    acc = _scaled(_sums_q4(wp, o, xq, xo), vf16(wp, o + 256), xd, xo // QK, acc)
+def _finish_q4_1(wp, o, s, xo, xd, xsum, xs32, acc):
+    acc = _scaled(s, vf16(wp, o + 256), xd, xo // QK, acc)
     return vfma(vf16(wp, o + 288), vbcast(ld(xs32, xo // QK)), acc)
 
 
 @njit(inline="always")
-def _block_q5_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+def _finish_q5_0(wp, o, s, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 320)
-    acc = _scaled(_sums_q5(wp, o, xq, xo), d, xd, xo // QK, acc)
+    acc = _scaled(s, d, xd, xo // QK, acc)
     return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-16)), acc)
 
 
 @njit(inline="always")
-def _block_q8_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+def _finish_q8_0(wp, o, s, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 512)
-    acc = _scaled(_sums_q8(wp, o, xq, xo), d, xd, xo // QK, acc)
+    acc = _scaled(s, d, xd, xo // QK, acc)
     return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-128)), acc)
+
+
+@njit(inline="always")
+def _block_q4_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+    return _finish_q4_0(wp, o, _sums_q4(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
+
+
+@njit(inline="always")
+def _block_q4_1(wp, o, xq, xo, xd, xsum, xs32, acc):
+    return _finish_q4_1(wp, o, _sums_q4(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
+
+
+@njit(inline="always")
+def _block_q5_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+    return _finish_q5_0(wp, o, _sums_q5(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
+
+
+@njit(inline="always")
+def _block_q8_0(wp, o, xq, xo, xd, xsum, xs32, acc):
+    return _finish_q8_0(wp, o, _sums_q8(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
+
+
+@njit(inline="always")
+def _dot8(a0, a1, a2, a3, a4, a5, a6, a7, z, xq, x, k):
+    """each a_i + z's bytes times token i's 4 activation bytes at x + i * k (vpdpbusd), for 8
+    tokens"""
+    return (vdpbusd(a0, z, vibcast(ld_u32(xq, x))), vdpbusd(a1, z, vibcast(ld_u32(xq, x + k))),
+            vdpbusd(a2, z, vibcast(ld_u32(xq, x + 2 * k))),
+            vdpbusd(a3, z, vibcast(ld_u32(xq, x + 3 * k))),
+            vdpbusd(a4, z, vibcast(ld_u32(xq, x + 4 * k))),
+            vdpbusd(a5, z, vibcast(ld_u32(xq, x + 5 * k))),
+            vdpbusd(a6, z, vibcast(ld_u32(xq, x + 6 * k))),
+            vdpbusd(a7, z, vibcast(ld_u32(xq, x + 7 * k))))
+
+
+@njit(inline="always")
+def _sums8_q4(wp, o, xq, xo, k, xsum):
+    m4 = vibcast(0x0F0F0F0F)
+    a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
+    a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
+    for p in range(4):
+        z = vbytes(wp, o + 64 * p)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, viand(z, m4), xq,
+                                               xo + 4 * p, k)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7,
+                                               viand(vishr(z, 4), m4), xq, xo + 16 + 4 * p, k)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(inline="always")
+def _sums8_q5(wp, o, xq, xo, k, xsum):
+    m4 = vibcast(0x0F0F0F0F)
+    m5 = vibcast(0x10101010)
+    h = vbytes(wp, o + 256)
+    a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
+    a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
+    for p in range(4):
+        z = vbytes(wp, o + 64 * p)
+        lo = vior(viand(z, m4), viand(vishr(h, p), m5))
+        hi = vior(viand(vishr(z, 4), m4), viand(vishl(h, 4 - p), m5))
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, lo, xq,
+                                               xo + 4 * p, k)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7, hi, xq,
+                                               xo + 16 + 4 * p, k)
+    return a0, a1, a2, a3, a4, a5, a6, a7
+
+
+@njit(inline="always")
+def _sums8_q8(wp, o, xq, xo, k, xsum):
+    a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
+    a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
+    for j in range(8):
+        a0, a1, a2, a3, a4, a5, a6, a7 = _dot8(a0, a1, a2, a3, a4, a5, a6, a7,
+                                               vbytes(wp, o + 64 * j), xq, xo + 4 * j, k)
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @njit(inline="always")
@@ -416,11 +495,11 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
             hi = vdpbusd(hi, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 64 * j + 32 + 4 * p)))
         isum = viadd(isum, viadd(vimul(lo, vu8(wp, o + 2048 + 32 * j)),
                                  vimul(hi, vu8(wp, o + 2064 + 32 * j))))
-    return _q4_k_scaled(wp, o, xd, xsum, xo, isum, acc)
+    return _finish_q4_k(wp, o, isum, xo, xd, xsum, xs32, acc)
 
 
 @njit(inline="always")
-def _q4_k_scaled(wp, o, xd, xsum, xo, isum, acc):
+def _finish_q4_k(wp, o, isum, xo, xd, xsum, xs32, acc):
     """acc + a Q4_K block's integer sums isum (already times the sub-block scales) times d * xd,
     and the mins times the activations' sub-block sums times -dmin * xd"""
     msum = vizero()
@@ -434,23 +513,9 @@ def _q4_k_scaled(wp, o, xd, xsum, xo, isum, acc):
 
 
 @njit(inline="always")
-def _dot8(a0, a1, a2, a3, a4, a5, a6, a7, z, xq, x, k):
-    """each a_i + z's bytes times token i's 4 activation bytes at x + i * k (vpdpbusd), for 8
-    tokens"""
-    return (vdpbusd(a0, z, vibcast(ld_u32(xq, x))), vdpbusd(a1, z, vibcast(ld_u32(xq, x + k))),
-            vdpbusd(a2, z, vibcast(ld_u32(xq, x + 2 * k))),
-            vdpbusd(a3, z, vibcast(ld_u32(xq, x + 3 * k))),
-            vdpbusd(a4, z, vibcast(ld_u32(xq, x + 4 * k))),
-            vdpbusd(a5, z, vibcast(ld_u32(xq, x + 5 * k))),
-            vdpbusd(a6, z, vibcast(ld_u32(xq, x + 6 * k))),
-            vdpbusd(a7, z, vibcast(ld_u32(xq, x + 7 * k))))
-
-
-@njit(inline="always")
 def _nibble_sums8(wp, o, shift, m4, xq, xo, k):
     """integer sums of 16 rows' 32 nibbles (the low ones of the 8 packed words at byte o, or
-    with shift 4 the high ones) times each of 8 tokens' 32 activation bytes (token i's at
-    xo + i * k): each word unpacked once for the 8 tokens"""
+    with shift 4 the high ones) times each of 8 tokens' 32 activation bytes"""
     a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
     a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
     for p in range(8):
@@ -461,45 +526,21 @@ def _nibble_sums8(wp, o, shift, m4, xq, xo, k):
 
 
 @njit(inline="always")
-def _tile8_q4_k(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
-    """_tile8 for Q4_K with the block's nibbles unpacked once for the 8 tokens instead of once
-    per token (the unpacking was as many vector operations as the dot products): the same
-    integer sums, so the same results as _block_q4_k's"""
-    c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
-    c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
+def _sums8_q4_k(wp, o, xq, xo, k, xsum):
+    """8 tokens' integer sums of a Q4_K block, each sub-block's times its scales"""
     m4 = vibcast(0x0F0F0F0F)
-    o = g * nb * GB
-    for b in range(nb):
-        _stream(wp, o, GB)
-        xo = t * k + b * VB
-        i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
-        i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
-        for j in range(4):
-            for half in range(2):  # sub-block 2j + half: the low nibbles, then the high
-                a0, a1, a2, a3, a4, a5, a6, a7 = _nibble_sums8(
-                    wp, o + 512 * j, 4 * half, m4, xq, xo + 64 * j + 32 * half, k)
-                sc = vu8(wp, o + 2048 + 32 * j + 16 * half)
-                i0 = viadd(i0, vimul(a0, sc)); i1 = viadd(i1, vimul(a1, sc))  # noqa: E702
-                i2 = viadd(i2, vimul(a2, sc)); i3 = viadd(i3, vimul(a3, sc))  # noqa: E702
-                i4 = viadd(i4, vimul(a4, sc)); i5 = viadd(i5, vimul(a5, sc))  # noqa: E702
-                i6 = viadd(i6, vimul(a6, sc)); i7 = viadd(i7, vimul(a7, sc))  # noqa: E702
-        c0 = _q4_k_scaled(wp, o, xd, xsum, xo, i0, c0)
-        c1 = _q4_k_scaled(wp, o, xd, xsum, xo + k, i1, c1)
-        c2 = _q4_k_scaled(wp, o, xd, xsum, xo + 2 * k, i2, c2)
-        c3 = _q4_k_scaled(wp, o, xd, xsum, xo + 3 * k, i3, c3)
-        c4 = _q4_k_scaled(wp, o, xd, xsum, xo + 4 * k, i4, c4)
-        c5 = _q4_k_scaled(wp, o, xd, xsum, xo + 5 * k, i5, c5)
-        c6 = _q4_k_scaled(wp, o, xd, xsum, xo + 6 * k, i6, c6)
-        c7 = _q4_k_scaled(wp, o, xd, xsum, xo + 7 * k, i7, c7)
-        o += GB
-    vstore(out, o0 + t * N, c0)
-    vstore(out, o0 + (t + 1) * N, c1)
-    vstore(out, o0 + (t + 2) * N, c2)
-    vstore(out, o0 + (t + 3) * N, c3)
-    vstore(out, o0 + (t + 4) * N, c4)
-    vstore(out, o0 + (t + 5) * N, c5)
-    vstore(out, o0 + (t + 6) * N, c6)
-    vstore(out, o0 + (t + 7) * N, c7)
+    i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
+    i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
+    for j in range(4):
+        for half in range(2):  # sub-block 2j + half: the low nibbles, then the high
+            a0, a1, a2, a3, a4, a5, a6, a7 = _nibble_sums8(
+                wp, o + 512 * j, 4 * half, m4, xq, xo + 64 * j + 32 * half, k)
+            sc = vu8(wp, o + 2048 + 32 * j + 16 * half)
+            i0 = viadd(i0, vimul(a0, sc)); i1 = viadd(i1, vimul(a1, sc))  # noqa: E702
+            i2 = viadd(i2, vimul(a2, sc)); i3 = viadd(i3, vimul(a3, sc))  # noqa: E702
+            i4 = viadd(i4, vimul(a4, sc)); i5 = viadd(i5, vimul(a5, sc))  # noqa: E702
+            i6 = viadd(i6, vimul(a6, sc)); i7 = viadd(i7, vimul(a7, sc))  # noqa: E702
+    return i0, i1, i2, i3, i4, i5, i6, i7
 
 
 @njit(inline="always")
@@ -540,7 +581,7 @@ def _block_q6_k(wp, o, xq, xo, xd, xsum, xs32, acc):
                 hi = vdpbusd(hi, vior(viand(vishr(z, 4), m4), viand(vishr(h, 2), m2)),
                              vibcast(ld_u32(xq, x + 36)))
             isum = _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum)
-    return _q6_k_final(wp, o, xd, xo, isum, acc)
+    return _finish_q6_k(wp, o, isum, xo, xd, xsum, xs32, acc)
 
 
 @njit(inline="always")
@@ -584,57 +625,32 @@ def _q6_k_scale8(wp, o, s, xsum, g, gk, a0, a1, a2, a3, a4, a5, a6, a7, i0, i1, 
 
 
 @njit(inline="always")
-def _q6_k_final(wp, o, xd, xo, isum, acc):
-    """acc + a Q6_K block's scaled integer sums times d * xd (as _block_q6_k ends)"""
-    return vfma(vcvt(isum), vmul(vf16(wp, o + 3328), vbcast(ld(xd, xo // QK_K))), acc)
-
-
-@njit(inline="always")
-def _tile8_q6_k(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
-    """_tile8 for Q6_K with each 6-bit value assembled once for the 8 tokens instead of once
-    per token (assembling took several times the dot products' vector operations): the same
-    integer sums, so the same results as _block_q6_k's"""
-    c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
-    c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
+def _sums8_q6_k(wp, o, xq, xo, k, xsum):
+    """8 tokens' integer sums of a Q6_K block, each sub-block's less its -32 offset and times
+    its scales"""
     m4 = vibcast(0x0F0F0F0F)
     m2 = vibcast(0x30303030)
     gk = k // 16  # xsum entries per token
-    o = g * nb * GB
-    for b in range(nb):
-        _stream(wp, o, GB)
-        xo = t * k + b * VB
-        gx = xo // 16
-        i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
-        i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
-        for j in range(4):
-            for half in range(2):
-                a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, False, m4, m2, xq,
-                                                             xo, k)
-                i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
-                    wp, o, 4 * j + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
-                    i0, i1, i2, i3, i4, i5, i6, i7)
-                a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, True, m4, m2, xq,
-                                                             xo, k)
-                i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
-                    wp, o, 4 * j + 2 + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
-                    i0, i1, i2, i3, i4, i5, i6, i7)
-        c0 = _q6_k_final(wp, o, xd, xo, i0, c0)
-        c1 = _q6_k_final(wp, o, xd, xo + k, i1, c1)
-        c2 = _q6_k_final(wp, o, xd, xo + 2 * k, i2, c2)
-        c3 = _q6_k_final(wp, o, xd, xo + 3 * k, i3, c3)
-        c4 = _q6_k_final(wp, o, xd, xo + 4 * k, i4, c4)
-        c5 = _q6_k_final(wp, o, xd, xo + 5 * k, i5, c5)
-        c6 = _q6_k_final(wp, o, xd, xo + 6 * k, i6, c6)
-        c7 = _q6_k_final(wp, o, xd, xo + 7 * k, i7, c7)
-        o += GB
-    vstore(out, o0 + t * N, c0)
-    vstore(out, o0 + (t + 1) * N, c1)
-    vstore(out, o0 + (t + 2) * N, c2)
-    vstore(out, o0 + (t + 3) * N, c3)
-    vstore(out, o0 + (t + 4) * N, c4)
-    vstore(out, o0 + (t + 5) * N, c5)
-    vstore(out, o0 + (t + 6) * N, c6)
-    vstore(out, o0 + (t + 7) * N, c7)
+    gx = xo // 16
+    i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
+    i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
+    for j in range(4):
+        for half in range(2):
+            a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, False, m4, m2, xq, xo, k)
+            i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
+                wp, o, 4 * j + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
+                i0, i1, i2, i3, i4, i5, i6, i7)
+            a0, a1, a2, a3, a4, a5, a6, a7 = _q6_k_sums8(wp, o, j, half, True, m4, m2, xq, xo, k)
+            i0, i1, i2, i3, i4, i5, i6, i7 = _q6_k_scale8(
+                wp, o, 4 * j + 2 + half, xsum, gx, gk, a0, a1, a2, a3, a4, a5, a6, a7,
+                i0, i1, i2, i3, i4, i5, i6, i7)
+    return i0, i1, i2, i3, i4, i5, i6, i7
+
+
+@njit(inline="always")
+def _finish_q6_k(wp, o, isum, xo, xd, xsum, xs32, acc):
+    """acc + a Q6_K block's scaled integer sums times d * xd (as _block_q6_k ends)"""
+    return vfma(vcvt(isum), vmul(vf16(wp, o + 3328), vbcast(ld(xd, xo // QK_K))), acc)
 
 
 # ================================================================== kernels
@@ -647,32 +663,34 @@ def _stream(wp, o, GB):
 
 
 @njit(inline="always")
-def _tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
+def _tile8(wp, g, nb, GB, VB, sums8, finish, xq, xd, xsum, xs32, t, k, out, o0, N):
     """the 16 results of group g for tokens t..t+7, token i's at out[o0 + i * N:]: each block of
-    the group (VB values) loaded once for all 8"""
-    a0 = vzero(); a1 = vzero(); a2 = vzero(); a3 = vzero()  # noqa: E702
-    a4 = vzero(); a5 = vzero(); a6 = vzero(); a7 = vzero()  # noqa: E702
+    the group (VB values) loaded and unpacked once for all 8 (sums8), each token's result then
+    scaled as its one-token block does (finish)"""
+    c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
+    c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
     o = g * nb * GB
     for b in range(nb):
         _stream(wp, o, GB)
         xo = t * k + b * VB
-        a0 = block(wp, o, xq, xo, xd, xsum, xs32, a0)
-        a1 = block(wp, o, xq, xo + k, xd, xsum, xs32, a1)
-        a2 = block(wp, o, xq, xo + 2 * k, xd, xsum, xs32, a2)
-        a3 = block(wp, o, xq, xo + 3 * k, xd, xsum, xs32, a3)
-        a4 = block(wp, o, xq, xo + 4 * k, xd, xsum, xs32, a4)
-        a5 = block(wp, o, xq, xo + 5 * k, xd, xsum, xs32, a5)
-        a6 = block(wp, o, xq, xo + 6 * k, xd, xsum, xs32, a6)
-        a7 = block(wp, o, xq, xo + 7 * k, xd, xsum, xs32, a7)
+        s0, s1, s2, s3, s4, s5, s6, s7 = sums8(wp, o, xq, xo, k, xsum)
+        c0 = finish(wp, o, s0, xo, xd, xsum, xs32, c0)
+        c1 = finish(wp, o, s1, xo + k, xd, xsum, xs32, c1)
+        c2 = finish(wp, o, s2, xo + 2 * k, xd, xsum, xs32, c2)
+        c3 = finish(wp, o, s3, xo + 3 * k, xd, xsum, xs32, c3)
+        c4 = finish(wp, o, s4, xo + 4 * k, xd, xsum, xs32, c4)
+        c5 = finish(wp, o, s5, xo + 5 * k, xd, xsum, xs32, c5)
+        c6 = finish(wp, o, s6, xo + 6 * k, xd, xsum, xs32, c6)
+        c7 = finish(wp, o, s7, xo + 7 * k, xd, xsum, xs32, c7)
         o += GB
-    vstore(out, o0 + t * N, a0)
-    vstore(out, o0 + (t + 1) * N, a1)
-    vstore(out, o0 + (t + 2) * N, a2)
-    vstore(out, o0 + (t + 3) * N, a3)
-    vstore(out, o0 + (t + 4) * N, a4)
-    vstore(out, o0 + (t + 5) * N, a5)
-    vstore(out, o0 + (t + 6) * N, a6)
-    vstore(out, o0 + (t + 7) * N, a7)
+    vstore(out, o0 + t * N, c0)
+    vstore(out, o0 + (t + 1) * N, c1)
+    vstore(out, o0 + (t + 2) * N, c2)
+    vstore(out, o0 + (t + 3) * N, c3)
+    vstore(out, o0 + (t + 4) * N, c4)
+    vstore(out, o0 + (t + 5) * N, c5)
+    vstore(out, o0 + (t + 6) * N, c6)
+    vstore(out, o0 + (t + 7) * N, c7)
 
 
 @njit(inline="always")
@@ -689,10 +707,10 @@ def _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
 
 
 @njit(inline="always")
-def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, tile8):
+def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, sums8, finish):
     """group g's 16 rows for all n tokens into out (flat): part p's rows [parts[p],
-    parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]; tiles of 8 tokens
-    by `tile8` (_tile8, or a format's own), the rest one by one"""
+    parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]; tiles of 8 tokens,
+    then the rest one by one (`block`)"""
     _, nb, GB = wp.shape
     p = 0
     while parts[p + 1] <= GROUP * g:
@@ -701,7 +719,7 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, tile8):
     o0 = n * parts[p] + GROUP * g - parts[p]
     t = 0
     while t + 8 <= n:
-        tile8(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
+        _tile8(wp, g, nb, GB, VB, sums8, finish, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 8
     while t < n:
         _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
@@ -716,32 +734,38 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, tile8):
 
 @njit(**_JIT)
 def _group_q4_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK, _tile8)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK, _sums8_q4,
+           _finish_q4_0)
 
 
 @njit(**_JIT)
 def _group_q4_1(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK, _tile8)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK, _sums8_q4,
+           _finish_q4_1)
 
 
 @njit(**_JIT)
 def _group_q5_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK, _tile8)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK, _sums8_q5,
+           _finish_q5_0)
 
 
 @njit(**_JIT)
 def _group_q8_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK, _tile8)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK, _sums8_q8,
+           _finish_q8_0)
 
 
 @njit(**_JIT)
 def _group_q4_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K, _tile8_q4_k)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K, _sums8_q4_k,
+           _finish_q4_k)
 
 
 @njit(**_JIT)
 def _group_q6_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K, _tile8_q6_k)
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K, _sums8_q6_k,
+           _finish_q6_k)
 
 
 @njit(parallel=True, **_JIT)
