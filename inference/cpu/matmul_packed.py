@@ -436,7 +436,7 @@ def _dot8(a0, a1, a2, a3, a4, a5, a6, a7, z, xq, x, k):
 
 
 @njit(inline="always")
-def _sums8_q4(wp, o, xq, xo, k, xsum):
+def _sums8_q4(wp, o, xq, xo, k, xsum, xs32):
     m4 = vibcast(0x0F0F0F0F)
     a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
     a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
@@ -450,7 +450,7 @@ def _sums8_q4(wp, o, xq, xo, k, xsum):
 
 
 @njit(inline="always")
-def _sums8_q5(wp, o, xq, xo, k, xsum):
+def _sums8_q5(wp, o, xq, xo, k, xsum, xs32):
     m4 = vibcast(0x0F0F0F0F)
     m5 = vibcast(0x10101010)
     h = vbytes(wp, o + 256)
@@ -468,7 +468,7 @@ def _sums8_q5(wp, o, xq, xo, k, xsum):
 
 
 @njit(inline="always")
-def _sums8_q8(wp, o, xq, xo, k, xsum):
+def _sums8_q8(wp, o, xq, xo, k, xsum, xs32):
     a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
     a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
     for j in range(8):
@@ -483,7 +483,8 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
     integer sums times each sub-block's 6-bit scale, the mins times the activations' sub-block
     sums (Q8_K's bsums), then d * xd and -dmin * xd. Packed: the qs as 32 words (word 8j + p:
     bytes 32j + 4p.., low nibbles sub-block 2j, high 2j + 1), the 16 rows' scales of sub-block
-    s at 2048 + 16s, their mins at 2176 + 16s, d at 2304, dmin at 2336."""
+    s at 2048 + 16s, their mins at 2176 + 16s, d at 2304, dmin at 2336. xs32: each sub-block's
+    activation sum as a float (see matmul_q4_k)."""
     m4 = vibcast(0x0F0F0F0F)
     isum = vizero()
     for j in range(4):
@@ -495,21 +496,23 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
             hi = vdpbusd(hi, viand(vishr(z, 4), m4), vibcast(ld_u32(xq, xo + 64 * j + 32 + 4 * p)))
         isum = viadd(isum, viadd(vimul(lo, vu8(wp, o + 2048 + 32 * j)),
                                  vimul(hi, vu8(wp, o + 2064 + 32 * j))))
-    return _finish_q4_k(wp, o, isum, xo, xd, xsum, xs32, acc)
+    msum = vzero()
+    for s in range(8):
+        msum = vfma(vcvt(vu8(wp, o + 2176 + 16 * s)), vbcast(ld(xs32, xo // QK + s)), msum)
+    return _finish_q4_k(wp, o, (isum, msum), xo, xd, xsum, xs32, acc)
 
 
 @njit(inline="always")
-def _finish_q4_k(wp, o, isum, xo, xd, xsum, xs32, acc):
-    """acc + a Q4_K block's integer sums isum (already times the sub-block scales) times d * xd,
-    and the mins times the activations' sub-block sums times -dmin * xd"""
-    msum = vizero()
-    g = xo // 16
-    for s in range(8):
-        msum = viadd(msum, vimul(vu8(wp, o + 2176 + 16 * s),
-                                 vibcast(xsum[g + 2 * s] + xsum[g + 2 * s + 1])))
+def _finish_q4_k(wp, o, sums, xo, xd, xsum, xs32, acc):
+    """acc + a Q4_K block's integer sums (already times the sub-block scales) times d * xd,
+    and its mins' sum (times the activations' sub-block sums) times -dmin * xd; sums: (the
+    integer sums, the mins' sum as floats). The mins' sum is of integers under 2**24 (mins
+    < 64, sub-block sums of 32 int8 values), so float multiply-adds give it exactly, as
+    ggml's integer sums do."""
+    isum, msum = sums
     dx = ld(xd, xo // QK_K)
     acc = vfma(vcvt(isum), vmul(vf16(wp, o + 2304), vbcast(dx)), acc)
-    return vfma(vcvt(msum), vmul(vf16(wp, o + 2336), vbcast(-dx)), acc)
+    return vfma(msum, vmul(vf16(wp, o + 2336), vbcast(-dx)), acc)
 
 
 @njit(inline="always")
@@ -526,8 +529,9 @@ def _nibble_sums8(wp, o, shift, m4, xq, xo, k):
 
 
 @njit(inline="always")
-def _sums8_q4_k(wp, o, xq, xo, k, xsum):
-    """8 tokens' integer sums of a Q4_K block, each sub-block's times its scales"""
+def _sums8_q4_k(wp, o, xq, xo, k, xsum, xs32):
+    """8 tokens' sums of a Q4_K block: each sub-block's integer sums times its scales, and the
+    mins times the sub-block sums, the mins converted once for the 8"""
     m4 = vibcast(0x0F0F0F0F)
     i0 = vizero(); i1 = vizero(); i2 = vizero(); i3 = vizero()  # noqa: E702
     i4 = vizero(); i5 = vizero(); i6 = vizero(); i7 = vizero()  # noqa: E702
@@ -540,7 +544,20 @@ def _sums8_q4_k(wp, o, xq, xo, k, xsum):
             i2 = viadd(i2, vimul(a2, sc)); i3 = viadd(i3, vimul(a3, sc))  # noqa: E702
             i4 = viadd(i4, vimul(a4, sc)); i5 = viadd(i5, vimul(a5, sc))  # noqa: E702
             i6 = viadd(i6, vimul(a6, sc)); i7 = viadd(i7, vimul(a7, sc))  # noqa: E702
-    return i0, i1, i2, i3, i4, i5, i6, i7
+    m0 = vzero(); m1 = vzero(); m2 = vzero(); m3 = vzero()  # noqa: E702
+    m4_ = vzero(); m5 = vzero(); m6 = vzero(); m7 = vzero()  # noqa: E702
+    g, gk = xo // QK, k // QK
+    for s in range(8):
+        mv = vcvt(vu8(wp, o + 2176 + 16 * s))
+        m0 = vfma(mv, vbcast(ld(xs32, g + s)), m0)
+        m1 = vfma(mv, vbcast(ld(xs32, g + gk + s)), m1)
+        m2 = vfma(mv, vbcast(ld(xs32, g + 2 * gk + s)), m2)
+        m3 = vfma(mv, vbcast(ld(xs32, g + 3 * gk + s)), m3)
+        m4_ = vfma(mv, vbcast(ld(xs32, g + 4 * gk + s)), m4_)
+        m5 = vfma(mv, vbcast(ld(xs32, g + 5 * gk + s)), m5)
+        m6 = vfma(mv, vbcast(ld(xs32, g + 6 * gk + s)), m6)
+        m7 = vfma(mv, vbcast(ld(xs32, g + 7 * gk + s)), m7)
+    return ((i0, m0), (i1, m1), (i2, m2), (i3, m3), (i4, m4_), (i5, m5), (i6, m6), (i7, m7))
 
 
 @njit(inline="always")
@@ -625,7 +642,7 @@ def _q6_k_scale8(wp, o, s, xsum, g, gk, a0, a1, a2, a3, a4, a5, a6, a7, i0, i1, 
 
 
 @njit(inline="always")
-def _sums8_q6_k(wp, o, xq, xo, k, xsum):
+def _sums8_q6_k(wp, o, xq, xo, k, xsum, xs32):
     """8 tokens' integer sums of a Q6_K block, each sub-block's less its -32 offset and times
     its scales"""
     m4 = vibcast(0x0F0F0F0F)
@@ -673,7 +690,7 @@ def _tile8(wp, g, nb, GB, VB, sums8, finish, xq, xd, xsum, xs32, t, k, out, o0, 
     for b in range(nb):
         _stream(wp, o, GB)
         xo = t * k + b * VB
-        s0, s1, s2, s3, s4, s5, s6, s7 = sums8(wp, o, xq, xo, k, xsum)
+        s0, s1, s2, s3, s4, s5, s6, s7 = sums8(wp, o, xq, xo, k, xsum, xs32)
         c0 = finish(wp, o, s0, xo, xd, xsum, xs32, c0)
         c1 = finish(wp, o, s1, xo + k, xd, xsum, xs32, c1)
         c2 = finish(wp, o, s2, xo + 2 * k, xd, xsum, xs32, c2)
@@ -808,6 +825,8 @@ def matmul_q8_0(wp, parts, x, out, serial):
 def matmul_q4_k(wp, parts, x, out, serial):
     threads = _serial_begin(serial)
     xq, xd, xsum, xs32 = quantize_activations(x, QK_K)
+    for i in range(xs32.size):  # Q4_K's mins take each sub-block's plain sum (exact as a float)
+        xs32[i] = np.float32(xsum[2 * i] + xsum[2 * i + 1])
     for g in prange(wp.shape[0]):
         _group_q4_k(np.int64(g), wp, parts, xq, xd, xsum, xs32, x.shape[0], x.shape[1], out)
     _serial_end(serial, threads)
