@@ -320,13 +320,13 @@ def fuse(parts: list[PackedWeight]) -> tuple[PackedWeight, list[PackedWeight]]:
     return PackedWeight(first.type_name, data, sum(n_outs), first.n_in, _bounds(n_outs)), views
 
 
-# ================================================================== one token, one block
-# block(wp, o, xq, xo, xd, xsum, xs32, acc): acc + one packed block of 16 rows (at byte o) times
-# a token's activations from value xo (xd, xs32 and xsum indexed by xo: its blocks of QB, 32
-# and 16 values)
+# ================================================================== one block
+# sums(wp, o, xq, xo, xsum, xs32): one packed block of 16 rows (at byte o) times a token's
+# quantized activations from value xo (xd, xs32 and xsum indexed by xo: its blocks of QB, 32
+# and 16 values); finish(wp, o, sums, xo, xd, xsum, xs32, acc): acc + those sums scaled
 
 @njit(inline="always")
-def _sums_q4(wp, o, xq, xo):
+def _sums_q4(wp, o, xq, xo, xsum, xs32):
     """integer sums of a block of 16 Q4 rows times a token's 32 activation bytes"""
     m4 = vibcast(0x0F0F0F0F)
     s = vizero()
@@ -338,7 +338,7 @@ def _sums_q4(wp, o, xq, xo):
 
 
 @njit(inline="always")
-def _sums_q5(wp, o, xq, xo):
+def _sums_q5(wp, o, xq, xo, xsum, xs32):
     """as _sums_q4, each nibble given its fifth bit from the rearranged qh at o + 256 (see
     _q5_0_high_bits): values 0..31"""
     m4 = vibcast(0x0F0F0F0F)
@@ -355,7 +355,8 @@ def _sums_q5(wp, o, xq, xo):
 
 
 @njit(inline="always")
-def _sums_q8(wp, o, xq, xo):
+def _sums_q8(wp, o, xq, xo, xsum, xs32):
+    """integer sums of a block of 16 Q8_0 rows times a token's 32 activation bytes"""
     s = vizero()
     for j in range(8):
         s = vdpbusd(s, vbytes(wp, o + 64 * j), vibcast(ld_u32(xq, xo + 4 * j)))
@@ -370,7 +371,7 @@ def _scaled(sums, d, xd, bi, acc):
 
 # per format: `_finish_*` scales a block's integer sums s (d times the token's xd), then adds
 # the offset (-8, -16, -128: times d) or the min (m) through the token's scaled block sum xs32
-# (the K-quants: their mins through the sub-block sums xsum); `_block_*` is one token's block,
+# (the K-quants: their mins through the sub-block sums xsum); `_sums_*` are one token's sums,
 # `_sums8_*` the integer sums of 8 tokens at once (token i's activations at xo + i * k), each
 # block's values unpacked once for the 8 (unpacking per token took as many vector operations as
 # the dot products, for Q6_K several times as many); the same integer sums either way
@@ -400,26 +401,6 @@ def _finish_q8_0(wp, o, s, xo, xd, xsum, xs32, acc):
     d = vf16(wp, o + 512)
     acc = _scaled(s, d, xd, xo // QK, acc)
     return vfma(d, vbcast(ld(xs32, xo // QK) * np.float32(-128)), acc)
-
-
-@njit(inline="always")
-def _block_q4_0(wp, o, xq, xo, xd, xsum, xs32, acc):
-    return _finish_q4_0(wp, o, _sums_q4(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
-
-
-@njit(inline="always")
-def _block_q4_1(wp, o, xq, xo, xd, xsum, xs32, acc):
-    return _finish_q4_1(wp, o, _sums_q4(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
-
-
-@njit(inline="always")
-def _block_q5_0(wp, o, xq, xo, xd, xsum, xs32, acc):
-    return _finish_q5_0(wp, o, _sums_q5(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
-
-
-@njit(inline="always")
-def _block_q8_0(wp, o, xq, xo, xd, xsum, xs32, acc):
-    return _finish_q8_0(wp, o, _sums_q8(wp, o, xq, xo), xo, xd, xsum, xs32, acc)
 
 
 @njit(inline="always")
@@ -478,8 +459,8 @@ def _sums8_q8(wp, o, xq, xo, k, xsum, xs32):
 
 
 @njit(inline="always")
-def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
-    """a Q4_K block (256 values, 8 sub-blocks of 32) as ggml_vec_dot_q4_K_q8_K computes it:
+def _sums_q4_k(wp, o, xq, xo, xsum, xs32):
+    """one token's sums of a Q4_K block (256 values, 8 sub-blocks of 32) as ggml_vec_dot_q4_K_q8_K computes it:
     integer sums times each sub-block's 6-bit scale, the mins times the activations' sub-block
     sums (Q8_K's bsums), then d * xd and -dmin * xd. Packed: the qs as 32 words (word 8j + p:
     bytes 32j + 4p.., low nibbles sub-block 2j, high 2j + 1), the 16 rows' scales of sub-block
@@ -499,7 +480,7 @@ def _block_q4_k(wp, o, xq, xo, xd, xsum, xs32, acc):
     msum = vzero()
     for s in range(8):
         msum = vfma(vcvt(vu8(wp, o + 2176 + 16 * s)), vbcast(ld(xs32, xo // QK + s)), msum)
-    return _finish_q4_k(wp, o, (isum, msum), xo, xd, xsum, xs32, acc)
+    return isum, msum
 
 
 @njit(inline="always")
@@ -571,8 +552,8 @@ def _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum):
 
 
 @njit(inline="always")
-def _block_q6_k(wp, o, xq, xo, xd, xsum, xs32, acc):
-    """a Q6_K block (256 values, 16 sub-blocks of 16 with int8 scales) as
+def _sums_q6_k(wp, o, xq, xo, xsum, xs32):
+    """one token's sums of a Q6_K block (256 values, 16 sub-blocks of 16 with int8 scales) as
     ggml_vec_dot_q6_K_q8_K computes it: per sub-block the integer sums less 32 times the
     activations' sum (Q8_K's bsums), times its scale, then d * xd. Packed by _q6_k_fields:
     nibble words at 512j + 64p, top-bit words at 2048 + 256j + 64w, scales at 3072 + 16s, d at
@@ -598,14 +579,14 @@ def _block_q6_k(wp, o, xq, xo, xd, xsum, xs32, acc):
                 hi = vdpbusd(hi, vior(viand(vishr(z, 4), m4), viand(vishr(h, 2), m2)),
                              vibcast(ld_u32(xq, x + 36)))
             isum = _q6_sub(lo, hi, wp, o, j, half, xsum, g, isum)
-    return _finish_q6_k(wp, o, isum, xo, xd, xsum, xs32, acc)
+    return isum
 
 
 @njit(inline="always")
 def _q6_k_sums8(wp, o, j, half, high, m4, m2, xq, xo, k):
     """integer sums of one Q6_K sub-block of 16 rows (4j + half; high: 4j + 2 + half, the
     high nibbles) times each of 8 tokens' activation bytes (token i's block at xo + i * k),
-    the 6-bit values assembled once for the 8 as _block_q6_k assembles them"""
+    the 6-bit values assembled once for the 8 as _sums_q6_k assembles them"""
     a0 = vizero(); a1 = vizero(); a2 = vizero(); a3 = vizero()  # noqa: E702
     a4 = vizero(); a5 = vizero(); a6 = vizero(); a7 = vizero()  # noqa: E702
     for w in range(2 * half, 2 * half + 2):
@@ -666,7 +647,7 @@ def _sums8_q6_k(wp, o, xq, xo, k, xsum, xs32):
 
 @njit(inline="always")
 def _finish_q6_k(wp, o, isum, xo, xd, xsum, xs32, acc):
-    """acc + a Q6_K block's scaled integer sums times d * xd (as _block_q6_k ends)"""
+    """acc + a Q6_K block's scaled integer sums times d * xd (as the one-token path ends)"""
     return vfma(vcvt(isum), vmul(vf16(wp, o + 3328), vbcast(ld(xd, xo // QK_K))), acc)
 
 
@@ -711,23 +692,24 @@ def _tile8(wp, g, nb, GB, VB, sums8, finish, xq, xd, xsum, xs32, t, k, out, o0, 
 
 
 @njit(inline="always")
-def _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N):
+def _tile1(wp, g, nb, GB, VB, sums1, finish, xq, xd, xsum, xs32, t, k, out, o0, N):
     """group g's 16 results for token t, at out[o0 + t * N:] (the same operations as each of
     _tile8's)"""
     a = vzero()
     o = g * nb * GB
     for b in range(nb):
         _stream(wp, o, GB)
-        a = block(wp, o, xq, t * k + b * VB, xd, xsum, xs32, a)
+        xo = t * k + b * VB
+        a = finish(wp, o, sums1(wp, o, xq, xo, xsum, xs32), xo, xd, xsum, xs32, a)
         o += GB
     vstore(out, o0 + t * N, a)
 
 
 @njit(inline="always")
-def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, sums8, finish):
+def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, VB, sums1, sums8, finish):
     """group g's 16 rows for all n tokens into out (flat): part p's rows [parts[p],
     parts[p + 1]) as a C-contiguous (n, rows) array from out[n * parts[p]]; tiles of 8 tokens,
-    then the rest one by one (`block`)"""
+    then the rest one by one (sums1), each token's result scaled by `finish`"""
     _, nb, GB = wp.shape
     p = 0
     while parts[p + 1] <= GROUP * g:
@@ -739,7 +721,7 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, sums8, finish
         _tile8(wp, g, nb, GB, VB, sums8, finish, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 8
     while t < n:
-        _tile1(wp, g, nb, GB, VB, block, xq, xd, xsum, xs32, t, k, out, o0, N)
+        _tile1(wp, g, nb, GB, VB, sums1, finish, xq, xd, xsum, xs32, t, k, out, o0, N)
         t += 1
 
 
@@ -751,37 +733,37 @@ def _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, block, VB, sums8, finish
 
 @njit(**_JIT)
 def _group_q4_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_0, QK, _sums8_q4,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK, _sums_q4, _sums8_q4,
            _finish_q4_0)
 
 
 @njit(**_JIT)
 def _group_q4_1(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_1, QK, _sums8_q4,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK, _sums_q4, _sums8_q4,
            _finish_q4_1)
 
 
 @njit(**_JIT)
 def _group_q5_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q5_0, QK, _sums8_q5,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK, _sums_q5, _sums8_q5,
            _finish_q5_0)
 
 
 @njit(**_JIT)
 def _group_q8_0(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q8_0, QK, _sums8_q8,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK, _sums_q8, _sums8_q8,
            _finish_q8_0)
 
 
 @njit(**_JIT)
 def _group_q4_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q4_k, QK_K, _sums8_q4_k,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK_K, _sums_q4_k, _sums8_q4_k,
            _finish_q4_k)
 
 
 @njit(**_JIT)
 def _group_q6_k(g, wp, parts, xq, xd, xsum, xs32, n, k, out):
-    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, _block_q6_k, QK_K, _sums8_q6_k,
+    _group(g, wp, parts, xq, xd, xsum, xs32, n, k, out, QK_K, _sums_q6_k, _sums8_q6_k,
            _finish_q6_k)
 
 
