@@ -164,40 +164,30 @@ class ForwardContext:
         """How layer il rotates Q and K (an rope.RopeSpec; None: it does not)."""
         return self.model.layer_rope[il]
 
+    def shared(self, key, make):
+        """make(), called once per batch for `key`: what every layer of a kind reads (the masks
+        and visible cells below, a backend's fused step's RoPE tables)"""
+        value = self._masks.get(key)
+        if value is None:
+            value = self._masks[key] = make()
+        return value
+
     def mask(self, n_swa: int) -> np.ndarray:
-        m = self._masks.get(n_swa)
-        if m is None:
-            m = self._masks[n_swa] = self.kv.mask(self.positions, self.seq_first, self.n_kv,
-                                                  n_swa)
-        return m
+        return self.shared(n_swa, lambda: self.kv.mask(self.positions, self.seq_first,
+                                                       self.n_kv, n_swa))
 
     def visible_cells(self, n_swa: int) -> tuple[np.ndarray, np.ndarray]:
         """Each token's visible cells in position order (attention.visible_cells), once per batch
         and window: the order a token's attention sums visit them, so that its result does not
         depend on where the cache put its cells (wherever other requests left room)."""
-        key = ("cells", n_swa)
-        cells = self._masks.get(key)
-        if cells is None:
-            cells = self._masks[key] = attention.visible_cells(self.mask(n_swa), self.cell_order)
-        return cells
+        return self.shared(("cells", n_swa),
+                           lambda: attention.visible_cells(self.mask(n_swa), self.cell_order))
 
     def sampled_cells(self, n_swa: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """(out_rows, their visible cells by position): for a batch too large for the per-token
         attention kernel, the rows whose logits are sampled still take it (Backend.attention)."""
-        key = ("sampled", n_swa)
-        cells = self._masks.get(key)
-        if cells is None:
-            cells = self._masks[key] = (self.out_rows, attention.visible_cells(
-                self.mask(n_swa)[self.out_rows], self.cell_order))
-        return cells
-
-    def shared(self, key, make):
-        """make(), called once per batch for `key`: what every layer of a kind reads (a backend's
-        fused step's RoPE tables and visible cells)"""
-        value = self._masks.get(key)
-        if value is None:
-            value = self._masks[key] = make()
-        return value
+        return self.shared(("sampled", n_swa), lambda: (self.out_rows, attention.visible_cells(
+            self.mask(n_swa)[self.out_rows], self.cell_order)))
 
     @functools.cached_property
     def cell_order(self) -> np.ndarray:
@@ -252,11 +242,8 @@ class EmbeddingContext(ForwardContext):
         return None  # every token's state is pooled
 
     def mask(self, n_swa: int) -> np.ndarray:
-        m = self._masks.get(n_swa)
-        if m is None:
-            m = self._masks[n_swa] = _batch_kq_mask(self.positions, self._seq_index,
-                                                    self.hp.causal, n_swa)
-        return m
+        return self.shared(n_swa, lambda: _batch_kq_mask(self.positions, self._seq_index,
+                                                         self.hp.causal, n_swa))
 
     def attend(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                scale: float, softcap: float = 0.0, sinks=None) -> np.ndarray:

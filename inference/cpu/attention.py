@@ -80,7 +80,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
             visible, counts = cells if cells is not None else visible_cells(mask)
             _attention_decode(q, _as_kv_rows(k2), _as_kv_rows(v2), n_head_kv, mask, visible,
                               counts, np.float32(scale), cap, sinks, ATTN_DECODE_CELLS, out,
-                              n * n_kv * n_head * (d_k + d_v) < 1 << 16, cells is None)
+                              decode_serial(n, n_kv, n_head, d_k, d_v), cells is None)
         return out.reshape(n, n_head * d_v)
     if d_k % 16 or d_v % 16:  # head sizes the 16-lane GEMM cannot take
         return _attention_numpy(q, k2, v2, mask, scale, cap, sinks, d_k, d_v)
@@ -171,6 +171,12 @@ def _kv_heads_f32(k, v, lut, kt, vf):
                 kt[g, c, j] = _load(k, j, g * d_k + c, lut)
             for c in range(d_v):
                 vf[g, j, c] = _load(v, j, g * d_v + c, lut)
+
+
+@numba.njit(cache=True, nogil=True)
+def decode_serial(n, n_kv, n_head, d_k, d_v):
+    """Whether `_attention_decode` of n tokens over n_kv cells stays on the calling thread"""
+    return n * n_kv * n_head * (d_k + d_v) < 1 << 16
 
 
 # cells per work item of the decode kernel: a token's heads over a long cache split into pieces

@@ -36,8 +36,9 @@ from numba.extending import intrinsic, overload
 from ..quants.fp16 import HAS_HW_FP16, fp32_to_fp16
 from . import matmul as _matmul
 from . import matmul_packed
-from .attention import ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _as_kv_rows, _attention_decode
-from .matmul import PARALLEL_MIN_BYTES, PARALLEL_MIN_VALUES
+from .attention import (ATTN_DECODE_CELLS, ATTN_FUSED_MAX_TOKENS, _as_kv_rows, _attention_decode,
+                        decode_serial)
+from .matmul import PARALLEL_MIN_VALUES, packed_serial
 from .ops import (GELU_F16_TABLE, NO_SINKS, _geglu_table, _geglu_table_here, _rms_norm_rows,
                   _rms_norm_rows_here, _rope_apply, _swiglu, _swiglu_here)
 
@@ -163,7 +164,7 @@ def _product(kernel, data, parts, n_out, nbytes, h):
     `kernel`: flat (n * n_out), as matmul_packed.matmul computes it"""
     n = h.shape[0]
     out = np.empty(n * n_out, np.float32)
-    _call(kernel, (data, parts, h, out, nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES))
+    _call(kernel, (data, parts, h, out, packed_serial(nbytes, n)))
     return out
 
 
@@ -197,7 +198,7 @@ def _layer(x, norms, eps, kernels, datas, partss, n_outs, nbytes, n_qkv, n_gu, d
     att = np.empty((n, dims[0], dims[3]), np.float32)
     _call(steps[2], (q_out, _seen(k_rows, n_kv), _seen(v_rows, n_kv), dims[1], mask, visible,
                      counts, scale, softcap, sinks, np.int64(ATTN_DECODE_CELLS), att,
-                     n * n_kv * dims[0] * (dims[2] + dims[3]) < 65536, False))
+                     decode_serial(n, n_kv, dims[0], dims[2], dims[3]), False))
     a = _product(kernels[3], datas[3], partss[3], n_outs[3], nbytes[3],
                  att.reshape(n, -1)).reshape(n, e)
     x2 = np.empty_like(x)
@@ -271,7 +272,7 @@ class _Products:
         for kernel, data, parts, n_out, nbytes, bounds in self.packed:
             # as matmul_packed.matmul, with what it looks up found once
             out = np.empty(n * n_out, np.float32)
-            kernel(data, parts, x, out, nbytes * (n + 3) // 4 < PARALLEL_MIN_BYTES)
+            kernel(data, parts, x, out, packed_serial(nbytes, n))
             if len(bounds) == 1:
                 outs.append(out.reshape(n, n_out))
             else:
@@ -320,8 +321,6 @@ class FusedBlock:
         self.scale, self.softcap = np.float32(layer.kq_scale), np.float32(layer.softcap)
         self.n_dims = 0 if layer.rope is None else layer.rope.n_dims
         self.neox = layer.rope is not None and bool(layer.rope.neox)
-        # attention's work per cell, as attention.attention decides to stay on this thread
-        self.flops_per_cell = layer.n_head * (layer.head_dim_k + layer.head_dim_v)
         self.rope_key = None if layer.rope is None else layer.rope.key()
         self.backend = backend
         # _layer's constant arguments once every product is packed (None: not yet known;
@@ -444,7 +443,7 @@ class FusedBlock:
         _attention_decode(q_out, _as_kv_rows(k_rows[:n_kv]), _as_kv_rows(v_rows[:n_kv]),
                           L.n_head_kv, mask, visible, counts, self.scale, self.softcap,
                           self.sinks, ATTN_DECODE_CELLS, out,
-                          n * n_kv * self.flops_per_cell < 1 << 16, False)
+                          decode_serial(n, n_kv, L.n_head, L.head_dim_k, L.head_dim_v), False)
         return out.reshape(n, -1)
 
     def _batch(self, ctx, n: int) -> tuple:

@@ -64,6 +64,7 @@ import os
 import threading
 
 import numpy as np
+from numba import njit
 
 from . import matmul_int8, matmul_packed
 from . import matmul_floats, matmul_iquants, matmul_kquants, matmul_legacy  # noqa: F401 (register)
@@ -249,9 +250,14 @@ def packed_product(packed: matmul_packed.PackedWeight,
     kernels are off (USE_INT8 false: then `matmul` takes each matrix's rows)."""
     if not USE_INT8:
         return None
-    # a token costs about a fourth of the first (the block is loaded once per 8 tokens)
-    return matmul_packed.matmul(packed, x, packed.nbytes * (x.shape[0] + 3) // 4
-                                < PARALLEL_MIN_BYTES)
+    return matmul_packed.matmul(packed, x, packed_serial(packed.nbytes, x.shape[0]))
+
+
+@njit(cache=True, nogil=True)
+def packed_serial(nbytes, n_tokens):
+    """Whether a packed product of a matrix of `nbytes` for n_tokens stays on the calling
+    thread: a token costs about a fourth of the first (the block is loaded once per 8 tokens)"""
+    return nbytes * (n_tokens + 3) // 4 < PARALLEL_MIN_BYTES
 
 
 def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
