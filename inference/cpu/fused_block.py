@@ -238,6 +238,13 @@ def _seen_impl(rows, n_kv):
     return lambda rows, n_kv: rows[:n_kv]
 
 
+def _slot(p) -> tuple:
+    """a packed matrix (or fused matrices) as _layer's product slot takes it"""
+    bounds = p.parts.tolist()
+    return (matmul_packed.KERNELS[p.type_name].kernel, p.data, p.parts, p.n_out, p.nbytes,
+            tuple(zip(bounds[:-1], bounds[1:])))
+
+
 def _vector(v) -> np.ndarray:
     """a layer's optional vector as the kernels take it: float32, an empty array for none"""
     return NO_SINKS if v is None else np.array(v, dtype=np.float32)
@@ -258,8 +265,7 @@ class _Products:
 
     def __init__(self, backend, weights):
         self.backend, self.weights = backend, tuple(weights)
-        self.packed = None  # (kernel, data, parts, n_out, nbytes, row bounds) per product, once
-        # known; () for the backend's way
+        self.packed = None  # the PackedWeights multiplied, once known; () for the backend's way
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         if not self.packed or not _matmul.USE_INT8:  # (packed_product's switch)
@@ -268,29 +274,19 @@ class _Products:
             if self.packed is None:
                 self.packed = self._packed()
             return outs
-        n, outs = x.shape[0], []
-        for kernel, data, parts, n_out, nbytes, bounds in self.packed:
-            # as matmul_packed.matmul, with what it looks up found once
-            out = np.empty(n * n_out, np.float32)
-            kernel(data, parts, x, out, packed_serial(nbytes, n))
-            if len(bounds) == 1:
-                outs.append(out.reshape(n, n_out))
-            else:
-                outs += [out[n * a:n * b].reshape(n, b - a) for a, b in bounds]
+        outs = []
+        for p in self.packed:
+            outs += matmul_packed.matmul(p, x, packed_serial(p.nbytes, x.shape[0]))
         return outs
 
     def _packed(self) -> tuple:
         """after the backend's first product (which packs and fuses): what to multiply"""
         first = self.weights[0]
         if len(self.weights) > 1 and first.fused and first.fused[0] == self.weights:
-            products = (first.fused[1],)
-        elif all(w.packed for w in self.weights):
-            products = tuple(w.packed for w in self.weights)
-        else:
-            return ()
-        return tuple((matmul_packed.KERNELS[p.type_name].kernel, p.data, p.parts, p.n_out,
-                      p.nbytes, tuple(zip(p.parts.tolist()[:-1], p.parts.tolist()[1:])))
-                     for p in products)
+            return (first.fused[1],)
+        if all(w.packed for w in self.weights):
+            return tuple(w.packed for w in self.weights)
+        return ()
 
 
 class FusedBlock:
@@ -365,8 +361,9 @@ class FusedBlock:
         sizes in its slots; False where a product is not packed or its parts are not Q, K, V
         (gate, up) in order."""
         L = self.layer
-        qkv, wo, gate_up, down = (p.packed for p in (self.qkv, self.wo, self.gate_up,
-                                                     self.down))
+        # per product: (kernel, data, parts, rows, bytes, the rows of each matrix it holds)
+        qkv, wo, gate_up, down = (tuple(_slot(w) for w in p.packed)
+                                  for p in (self.qkv, self.wo, self.gate_up, self.down))
         q_rows, k_rows, v_rows = (L.n_head * L.head_dim_k, L.n_head_kv * L.head_dim_k,
                                   L.n_head_kv * L.head_dim_v)
         n_ff = L.w_gate.n_out
