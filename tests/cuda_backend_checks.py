@@ -351,6 +351,7 @@ class _Batch:
         self.cell_order = cache.cell_order(self.n_kv)
         self.model = types.SimpleNamespace(n_ubatch=16)
         self._masks = {}
+        self.shared = types.MethodType(ForwardContext.shared, self)
         self.mask = types.MethodType(ForwardContext.mask, self)
         self.visible_cells = types.MethodType(ForwardContext.visible_cells, self)
         self.sampled_cells = types.MethodType(ForwardContext.sampled_cells, self)
