@@ -20,6 +20,10 @@ CPU has AVX512-VNNI or AVX-VNNI: 16 rows interleaved so that one vpdpbusd multip
 16 rows, activations quantized to 8 bits as ggml does, and each token's result the same alone
 or in any batch.
 
+Prompts of the formats `matmul_prompt8` registered (IQ2_XXS; no packed layout, a multiple of 16
+rows, of 256 values) run its 8-bit kernels where the CPU has them: each group of 16 rows unpacked
+once per product into the packed Q8_0 layout, in the core's cache, for all the prompt's tokens.
+
 Otherwise three paths (kernels made of `matmul_kernels`' skeletons, written with the 16-lane
 vectors of `simd`):
 
@@ -66,7 +70,7 @@ import threading
 import numpy as np
 from numba import njit
 
-from . import matmul_int8, matmul_packed
+from . import matmul_int8, matmul_packed, matmul_prompt8
 from . import matmul_floats, matmul_iquants, matmul_kquants, matmul_legacy  # noqa: F401 (register)
 from . import matmul_iq1, matmul_iq2, matmul_iq3, matmul_mxfp4, matmul_ternary  # noqa: F401
 from ..memory import DEQUANT_TILE_BYTES
@@ -300,12 +304,34 @@ def matmul(type_name: str, weight: np.ndarray, x: np.ndarray,
                                                                    w.nbytes < PARALLEL_MIN_BYTES)
     elif batch:
         _batch_decode(type_name, w, x, out)
+    elif _prompt8_kernel(type_name, n_out, k) is not None:
+        _prompt8(_prompt8_kernel(type_name, n_out, k), w, x, out)
     elif USE_BF16 and k % MIN_STEP == 0:
         x16 = _bf16(x)
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm_bf16(x16, tile, out, r0))
     else:
         _tiles(type_name, w, x, out, lambda tile, r0, r1: _gemm(x, tile, out, r0))
     return out[0] if squeeze else out[:n]
+
+
+def _prompt8_kernel(type_name: str, n_out: int, k: int):
+    """The 8-bit prompt kernel (`matmul_prompt8`) for this format and shape, if it applies."""
+    if USE_INT8 and n_out % matmul_prompt8.GROUP == 0 and k % matmul_prompt8.QK_K == 0:
+        return matmul_prompt8.KERNELS.get(type_name)
+    return None
+
+
+def _prompt8(kernel, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out = x @ W.T by an 8-bit prompt kernel, x's tokens padded with zero rows to a whole
+    tile of 8"""
+    n, k = x.shape
+    padded = -(-n // 8) * 8
+    if padded != n:
+        x = np.concatenate([x, np.zeros((padded - n, k), np.float32)])
+    flat = out.reshape(-1) if padded == n else np.empty(padded * w.shape[0], np.float32)
+    kernel(w, x, flat, 2 * padded * w.shape[0] * k < PARALLEL_MIN_FLOPS)
+    if padded != n:
+        out[:] = flat.reshape(padded, -1)[:n]
 
 
 def _batch_decode(type_name: str, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:

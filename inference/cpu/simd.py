@@ -735,6 +735,87 @@ vimul = _ibinary("mul", "a * b (low 32 bits)")
 vixor = _ibinary("xor", "a ^ b")
 
 
+# ------------------------------------------------------------------ unpacking i-quants for 8-bit tiles
+# (`matmul_prompt8`): 16 weight rows at a time, one per lane, gathered from their file layout
+
+def _gather_i32(builder, ptrs):
+    mask_t = ir.VectorType(ir.IntType(1), LANES)
+    fnty = ir.FunctionType(_VI, [ptrs.type, _i32, mask_t, _VI])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.gather.v16i32.v16p0")
+    return builder.call(fn, [ptrs, ir.Constant(_i32, 1), ir.Constant(mask_t, [1] * LANES),
+                             ir.Constant(_VI, ir.Undefined)])
+
+
+def _lane_addresses(builder, base, offsets):
+    """base (i64 address) + offsets (16 x i64) as 16 i32 pointers"""
+    v64 = ir.VectorType(_i64, LANES)
+    return builder.inttoptr(builder.add(_splat(builder, base, v64), offsets),
+                            ir.VectorType(_i32.as_pointer(), LANES))
+
+
+@intrinsic
+def vgather_rows(typingctx, arr, idx, stride):
+    """lane i = the little-endian uint32 at byte idx + i * stride of a uint8 array (unaligned):
+    the same field of 16 rows"""
+    if not _is_u8_array(arr):
+        return None
+
+    def cg(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        v64 = ir.VectorType(_i64, LANES)
+        base = builder.add(builder.ptrtoint(a.data, _i64), args[1])
+        offsets = builder.mul(ir.Constant(v64, list(range(LANES))), _splat(builder, args[2], v64))
+        return _gather_i32(builder, _lane_addresses(builder, base, offsets))
+    return i32x16(arr, types.intp, types.intp), cg
+
+
+@intrinsic
+def vlut_u32(typingctx, table, a):
+    """table[a[i]] per lane for a uint32 table (a gather; indices must be in range)"""
+    if not (isinstance(table, types.Array) and table.dtype == types.uint32):
+        return None
+
+    def cg(context, builder, sig, args):
+        t = context.make_array(sig.args[0])(context, builder, args[0])
+        v64 = ir.VectorType(_i64, LANES)
+        offsets = builder.mul(builder.zext(args[1], v64), _splat(builder, ir.Constant(_i64, 4), v64))
+        return _gather_i32(builder, _lane_addresses(builder, builder.ptrtoint(t.data, _i64), offsets))
+    return i32x16(table, i32x16), cg
+
+
+@intrinsic
+def vbyte_masks(typingctx, a):
+    """each byte of a: 0xFF where it is not zero, else 0"""
+    def cg(context, builder, sig, args):
+        b = builder.bitcast(args[0], _VB64)
+        nonzero = builder.icmp_unsigned("!=", b, ir.Constant(_VB64, [0] * (4 * LANES)))
+        return builder.bitcast(builder.sext(nonzero, _VB64), _VI)
+    return i32x16(i32x16), cg
+
+
+@intrinsic
+def vhalf_lo(typingctx, a):
+    """the IEEE half in the low 16 bits of each lane, as float32 (exact)"""
+    def cg(context, builder, sig, args):
+        h = builder.bitcast(builder.trunc(args[0], ir.VectorType(_i16, LANES)),
+                            ir.VectorType(ir.HalfType(), LANES))
+        return builder.fpext(h, _VF)
+    return f32x16(i32x16), cg
+
+
+@intrinsic
+def vstorei(typingctx, arr, idx, v):
+    """arr.flat[idx : idx + 16] = v for a uint32 or int32 array"""
+    if not (isinstance(arr, types.Array) and arr.dtype in (types.uint32, types.int32)):
+        return None
+
+    def cg(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _VI.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(arr, types.intp, i32x16), cg
+
+
 # ------------------------------------------------------------------ 16-entry table in a register
 # A 16-value table (MXFP4's levels) held in one vector and looked up with a permute: one vpermps
 # where vlut's gather from memory costs a load per lane.
