@@ -31,7 +31,7 @@ from numba import njit, prange
 from ..quants import kernels_of
 from ..quants.grids import IQ2XXS_GRID
 from ..quants.iq2 import IQ2_XXS
-from ..quants.kquants import Q8_K
+from ..quants.kquants import Q5_K, Q8_K
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
 from .matmul_packed import GROUP, _sums8_q8
@@ -70,7 +70,7 @@ def _flip_signed(g, m):
 
 
 @njit(inline="always")
-def _unpack_iq2_xxs(w, r0, q, scale):
+def _unpack_iq2_xxs(w, r0, q, scale, mins):
     """rows r0..r0+15 of IQ2_XXS blocks (d, then per 32-value sub-block 4 grid indices and a
     word of 4 seven-bit sign indices and the 4-bit scale) in the unpacked layout, the 16 rows
     gathered into the lanes of each vector"""
@@ -94,13 +94,56 @@ def _unpack_iq2_xxs(w, r0, q, scale):
                                                     mhi))
 
 
+@njit(inline="always")
+def _byte(v, i):
+    """byte i of each lane"""
+    return viand(vishr(v, 8 * i), vibcast(255))
+
+
+@njit(inline="always")
+def _unpack_q5_k(w, r0, q, scale, mins):
+    """rows r0..r0+15 of Q5_K blocks (d, dmin, 12 bytes of 6-bit scales and mins as
+    get_scale_min_k4 reads them, 32 bytes of fifth bits, 128 of nibbles): sub-block s's
+    values, scale d * sc and min dmin * m"""
+    rb = w.shape[1]
+    m4 = vibcast(0x0F0F0F0F)
+    m1 = vibcast(0x01010101)
+    for b in range(rb // 176):
+        bo = r0 * rb + 176 * b
+        dd = vgather_rows(w, bo, rb)
+        d = vhalf_lo(dd)
+        dmin = vhalf_lo(vishr(dd, 16))
+        s0 = vgather_rows(w, bo + 4, rb)
+        s1 = vgather_rows(w, bo + 8, rb)
+        s2 = vgather_rows(w, bo + 12, rb)
+        for j in range(8):
+            if j < 4:
+                sc = viand(_byte(s0, j), vibcast(63))
+                m = viand(_byte(s1, j), vibcast(63))
+            else:
+                sc = vior(viand(_byte(s2, j - 4), vibcast(15)), vishl(vishr(_byte(s0, j - 4), 6), 4))
+                m = vior(vishr(_byte(s2, j - 4), 4), vishl(vishr(_byte(s1, j - 4), 6), 4))
+            vstore(scale, GROUP * (8 * b + j), vmul(d, vcvt(sc)))
+            vstore(mins, GROUP * (8 * b + j), vmul(dmin, vcvt(m)))
+        for p in range(8):
+            h = vgather_rows(w, bo + 16 + 4 * p, rb)
+            for pair in range(4):
+                ql = vgather_rows(w, bo + 48 + 32 * pair + 4 * p, rb)
+                for half in range(2):
+                    sb = 2 * pair + half
+                    v = vior(viand(vishr(ql, 4 * half), m4), vishl(viand(vishr(h, sb), m1), 4))
+                    vstorei(q, GROUP * (8 * (8 * b + sb) + p), vixor(v, vibcast(-0x7F7F7F80)))
+
+
 # ================================================================== the product
 
 @njit(inline="always")
-def _block8(qb, scale, s0, xq, xo, k, x128, a0, a1, a2, a3, a4, a5, a6, a7):
+def _block8(qb, scale, mins, s0, xq, xo, k, x128, xneg, has_mins, a0, a1, a2, a3, a4, a5, a6,
+            a7):
     """a_t + the 8 sub-blocks of Q8_K block s0 / 8 (unpacked at qb) times token t's activations
     (from value xo + t * k), each sub-block's integer sums less 128 times the activations' sum
-    (x128), times its scales"""
+    (x128), times its scales; with has_mins, less its mins times the activations' integer sum
+    (xneg: negated)"""
     gk = k // SUB
     for j in range(8):
         s = s0 + j
@@ -116,19 +159,29 @@ def _block8(qb, scale, s0, xq, xo, k, x128, a0, a1, a2, a3, a4, a5, a6, a7):
         a5 = vfma(vcvt(visub(t5, vibcast(x128[g + 5 * gk]))), sc, a5)
         a6 = vfma(vcvt(visub(t6, vibcast(x128[g + 6 * gk]))), sc, a6)
         a7 = vfma(vcvt(visub(t7, vibcast(x128[g + 7 * gk]))), sc, a7)
+        if has_mins:
+            m = vload(mins, GROUP * s)
+            a0 = vfma(m, vbcast(xneg[g]), a0)
+            a1 = vfma(m, vbcast(xneg[g + gk]), a1)
+            a2 = vfma(m, vbcast(xneg[g + 2 * gk]), a2)
+            a3 = vfma(m, vbcast(xneg[g + 3 * gk]), a3)
+            a4 = vfma(m, vbcast(xneg[g + 4 * gk]), a4)
+            a5 = vfma(m, vbcast(xneg[g + 5 * gk]), a5)
+            a6 = vfma(m, vbcast(xneg[g + 6 * gk]), a6)
+            a7 = vfma(m, vbcast(xneg[g + 7 * gk]), a7)
     return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 @njit(inline="always")
-def _tile8(qb, scale, xq, xd, x128, t, k, out, r0, n_out):
+def _tile8(qb, scale, mins, xq, xd, x128, xneg, has_mins, t, k, out, r0, n_out):
     """out[t..t+7, r0..r0+15] from the unpacked group"""
     c0 = vzero(); c1 = vzero(); c2 = vzero(); c3 = vzero()  # noqa: E702
     c4 = vzero(); c5 = vzero(); c6 = vzero(); c7 = vzero()  # noqa: E702
     kb = k // QK_K
     for b in range(kb):
         z = vzero()
-        a0, a1, a2, a3, a4, a5, a6, a7 = _block8(qb, scale, 8 * b, xq, t * k + QK_K * b, k, x128,
-                                                 z, z, z, z, z, z, z, z)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _block8(qb, scale, mins, 8 * b, xq, t * k + QK_K * b, k,
+                                                 x128, xneg, has_mins, z, z, z, z, z, z, z, z)
         xb = t * kb + b
         c0 = vfma(a0, vbcast(ld(xd, xb)), c0)
         c1 = vfma(a1, vbcast(ld(xd, xb + kb)), c1)
@@ -149,17 +202,18 @@ def _tile8(qb, scale, xq, xd, x128, t, k, out, r0, n_out):
 
 
 @njit(inline="always")
-def _group(g, w, xq, xd, x128, n, k, out, unpack):
+def _group(g, w, xq, xd, x128, xneg, n, k, out, unpack, has_mins):
     """rows 16g..16g+15 of out (flat (n, n_out)) for all n tokens: the group unpacked into a
     buffer of its own, then tiles of 8 tokens (n a multiple of 8: the caller pads)"""
     q = np.empty(GROUP * k // 4, np.uint32)
     scale = np.empty(GROUP * (k // SUB), np.float32)
+    mins = np.empty(GROUP * (k // SUB) if has_mins else 0, np.float32)
     r0 = GROUP * g
-    unpack(w, r0, q, scale)
+    unpack(w, r0, q, scale, mins)
     qb = q.view(np.uint8)
     n_out = w.shape[0]
     for t in range(0, n, 8):
-        _tile8(qb, scale, xq, xd, x128, t, k, out, r0, n_out)
+        _tile8(qb, scale, mins, xq, xd, x128, xneg, has_mins, t, k, out, r0, n_out)
 
 
 @njit(inline="always")
@@ -170,16 +224,18 @@ def _matmul(w, x, out, serial, group):
     n, k = x.shape
     xq, xd, xsum, _ = quantize_activations(x, QK_K)
     x128 = np.empty(xsum.size // 2, np.int32)  # 128 * each 32 activations' integer sum
+    xneg = np.empty(xsum.size // 2, np.float32)  # minus that sum (exact), for the mins
     for i in range(x128.size):
         x128[i] = 128 * (xsum[2 * i] + xsum[2 * i + 1])
+        xneg[i] = -np.float32(xsum[2 * i] + xsum[2 * i + 1])
     for g in prange(w.shape[0] // GROUP):
-        group(np.int64(g), w, xq, xd, x128, n, k, out)
+        group(np.int64(g), w, xq, xd, x128, xneg, n, k, out)
     _serial_end(serial, threads)
 
 
 @njit(**_JIT)
-def _group_iq2_xxs(g, w, xq, xd, x128, n, k, out):
-    _group(g, w, xq, xd, x128, n, k, out, _unpack_iq2_xxs)
+def _group_iq2_xxs(g, w, xq, xd, x128, xneg, n, k, out):
+    _group(g, w, xq, xd, x128, xneg, n, k, out, _unpack_iq2_xxs, False)
 
 
 @njit(parallel=True, **_JIT)
@@ -187,5 +243,16 @@ def matmul_iq2_xxs(w, x, out, serial):
     _matmul(w, x, out, serial, _group_iq2_xxs)
 
 
+@njit(**_JIT)
+def _group_q5_k(g, w, xq, xd, x128, xneg, n, k, out):
+    _group(g, w, xq, xd, x128, xneg, n, k, out, _unpack_q5_k, True)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_q5_k(w, x, out, serial):
+    _matmul(w, x, out, serial, _group_q5_k)
+
+
 IQ2_XXS.register_kernels("cpu_prompt8", matmul_iq2_xxs)
+Q5_K.register_kernels("cpu_prompt8", matmul_q5_k)
 KERNELS = kernels_of("cpu_prompt8")
