@@ -90,3 +90,25 @@ def test_rows_not_a_multiple_of_16_take_the_float_path(quant_vectors, taken):
     assert taken == []
     err = np.abs(got - x.astype(np.float64) @ W.T) / (np.abs(x) @ np.abs(W).T + 1e-30)
     assert err.max() <= 2 * 2.0 ** -9 + RTOL  # float32 or bfloat16 tiles
+
+
+@pytest.mark.parametrize("isa", ["avx512bw", "avx2", None])
+def test_byte_shuffle_on_each_isa(isa, monkeypatch):
+    """IQ4_XS's level lookup (simd.vshuffle_bytes): pshufb on 512 bits, on two 256-bit halves,
+    or byte by byte, all equal to the table lookup"""
+    from numba import njit
+    if isa and not simd.host_has(isa):
+        pytest.skip(f"this CPU has no {isa}")
+    monkeypatch.setattr(simd, "_BYTE_SHUFFLE", isa)
+
+    @njit
+    def shuffle(table, idx, out):  # compiled here, after the patch: this ISA's code
+        simd.vstorei(out, 0, simd.vshuffle_bytes(simd.vloadi(table, 0), simd.vloadi(idx, 0)))
+
+    rng = np.random.default_rng(4)
+    table = rng.integers(0, 256, 64, dtype=np.uint8)
+    idx = rng.integers(0, 16, 64, dtype=np.uint8)
+    out = np.empty(16, np.int32)
+    shuffle(table.view(np.int32), idx.view(np.int32), out)
+    want = table[np.arange(64) // 16 * 16 + idx]
+    assert np.array_equal(out.view(np.uint8), want)

@@ -20,8 +20,8 @@ CPU has AVX512-VNNI or AVX-VNNI: 16 rows interleaved so that one vpdpbusd multip
 16 rows, activations quantized to 8 bits as ggml does, and each token's result the same alone
 or in any batch.
 
-Prompts of the formats `matmul_prompt8` registered (IQ2_XXS; no packed layout, a multiple of 16
-rows, of 256 values) run its 8-bit kernels where the CPU has them: each group of 16 rows unpacked
+Prompts of the formats `matmul_prompt8` registered (IQ2_XXS, IQ4_XS, Q5_K: no packed layout; a
+multiple of 16 rows, of 256 values) run its 8-bit kernels where the CPU has them: each group of 16 rows unpacked
 once per product into the packed Q8_0 layout, in the core's cache, for all the prompt's tokens.
 
 Otherwise three paths (kernels made of `matmul_kernels`' skeletons, written with the 16-lane

@@ -6,22 +6,25 @@ kernels' 8-token integer tiles (`matmul_packed._sums8_q8`: vpdpbusd).
 
 Why: a prompt on such a format dequantized tiles to float32, rounded them to bfloat16 and ran the
 bf16 GEMM, about a third of the packed kernels' speed (Llama 3.2 1B IQ2_XXS: 0.42x llama.cpp's
-prompt speed). The i-quants' values are small integers (grid points with their signs) times a
-scale per 32 values, so the unpacked bytes are exact; a group's 16 rows (a few hundred KiB at
-most) stay in the core's L2 cache while every tile of 8 tokens reads them. The weights keep their
-file layout and size: nothing is stored beside the model (a packed copy at 8 bits a value would
-be four times an IQ2 file).
+prompt speed). These formats' values are small integers (grid points with their signs, levels,
+5-bit values) times a scale per 32 values, so the unpacked bytes are exact; a group's 16 rows (a
+few hundred KiB at most) stay in the core's L2 cache while every tile of 8 tokens reads them. The
+weights keep their file layout and size: nothing is stored beside the model (a packed copy at 8
+bits a value would be four times an IQ2 file). Each format's `_unpack_*` gathers the same field of
+the 16 rows into the lanes of a vector (`simd.vgather_rows`), so the layout comes out directly.
 
-Arithmetic, as ggml's vec_dot_iq2_xxs_q8_K computes it: activations quantized as Q8_K (one scale
+Arithmetic, as ggml's vec_dot_<type>_q8_K computes it: activations quantized as Q8_K (one scale
 per 256 values, `matmul_int8.quantize_activations`), each 32-value sub-block's integer sums (less
-128 times the activations' integer sum: the unsigned flip) times its scale d * (0.5 + s) / 4 in
-float32 (exact: an 11-bit by 5-bit product), the block's sum times the activations' scale. Only
-for products of more than BATCH_DECODE_MAX_TOKENS tokens (a prompt): the unpacking costs about
-as much as one token's product. Used where the CPU has an 8-bit dot product (matmul.USE_INT8).
+128 times the activations' integer sum: the unsigned flip) times its scale in float32 (exact: the
+product of a half and a small integer), a min (Q5_K) times the activations' integer sum, the
+block's sum times the activations' scale. Only for products of more than BATCH_DECODE_MAX_TOKENS
+tokens (a prompt): the unpacking costs about as much as one token's product. Used where the CPU
+has an 8-bit dot product (matmul.USE_INT8).
 
-Registered per format as its "cpu_prompt8" kernel: `unpack(w, r0, q, scale)` writes rows
+Registered per format as its "cpu_prompt8" kernel: `unpack(w, r0, q, scale, mins)` writes rows
 r0..r0+15 of w into q (uint32 words: word 16 * (8 * s + p) + i = values 32 * s + 4 * p.. of
-row i, XOR 0x80 each) and scale (float32, 16 * s + i).
+row i, XOR 0x80 each), scale and mins (float32, 16 * s + i; mins only for a format that has
+them).
 """
 from __future__ import annotations
 
@@ -29,15 +32,17 @@ import numpy as np
 from numba import njit, prange
 
 from ..quants import kernels_of
+from ..quants.base import IQ4_LEVELS
 from ..quants.grids import IQ2XXS_GRID
+from ..quants.iquants import IQ4_XS
 from ..quants.iq2 import IQ2_XXS
 from ..quants.kquants import Q5_K, Q8_K
 from .matmul_int8 import quantize_activations
 from .matmul_kernels import _serial_begin, _serial_end
 from .matmul_packed import GROUP, _sums8_q8
 from .simd import (ld, vadd, vbcast, vbyte_masks, vcvt, vfma, vgather_rows, vhalf_lo, viadd,
-                   viand, vibcast, vimul, vior, vishl, vishr, visub, vixor, vload, vlut_u32, vmul,
-                   vstore, vstorei, vzero)
+                   viand, vibcast, vimul, vior, vishl, vishr, visub, vixor, vload, vloadi, vlut_u32,
+                   vmul, vshuffle_bytes, vstore, vstorei, vzero)
 
 QK_K = Q8_K.block_size  # the activations' blocks
 SUB = 32  # values per scale in the unpacked layout
@@ -45,6 +50,9 @@ _JIT = dict(cache=True, fastmath=False, nogil=True)
 
 
 IQ2XXS_GRID32 = IQ2XXS_GRID.view(np.uint32)  # grid point i: words 2i (values 0-3), 2i + 1
+# IQ4's 16 levels as bytes XOR 0x80 (unsigned), a 16-byte table in each 128 bits of a vector
+IQ4_LEVELS_FLIPPED = np.tile((IQ4_LEVELS.astype(np.int8).view(np.uint8) ^ 0x80), 4).view(np.int32)
+IQ4_LEVELS_FLIPPED.flags.writeable = False
 
 
 # ================================================================== unpacking, per format
@@ -133,6 +141,31 @@ def _unpack_q5_k(w, r0, q, scale, mins):
                     sb = 2 * pair + half
                     v = vior(viand(vishr(ql, 4 * half), m4), vishl(viand(vishr(h, sb), m1), 4))
                     vstorei(q, GROUP * (8 * (8 * b + sb) + p), vixor(v, vibcast(-0x7F7F7F80)))
+
+
+@njit(inline="always")
+def _unpack_iq4_xs(w, r0, q, scale, mins):
+    """rows r0..r0+15 of IQ4_XS blocks (d, scales_h, scales_l[4], then per 32-value sub-block 16
+    bytes: value m in the low nibble of byte m, 16 + m in its high one): each nibble's level
+    (kvalues_iq4nl, flipped to unsigned) by a byte shuffle, the scale d * (ls - 32)"""
+    rb = w.shape[1]
+    m4 = vibcast(0x0F0F0F0F)
+    levels = vloadi(IQ4_LEVELS_FLIPPED, 0)
+    for b in range(rb // 136):
+        bo = r0 * rb + 136 * b
+        hd = vgather_rows(w, bo, rb)
+        d = vhalf_lo(hd)
+        sl = vgather_rows(w, bo + 4, rb)
+        for ib in range(8):
+            s = 8 * b + ib
+            low = viand(vishr(_byte(sl, ib // 2), 4 * (ib % 2)), vibcast(15))
+            high = viand(vishr(hd, 16 + 2 * ib), vibcast(3))
+            ls = visub(vior(low, vishl(high, 4)), vibcast(32))
+            vstore(scale, GROUP * s, vmul(d, vcvt(ls)))
+            for p in range(4):
+                z = vgather_rows(w, bo + 8 + 16 * ib + 4 * p, rb)
+                vstorei(q, GROUP * (8 * s + p), vshuffle_bytes(levels, viand(z, m4)))
+                vstorei(q, GROUP * (8 * s + p + 4), vshuffle_bytes(levels, viand(vishr(z, 4), m4)))
 
 
 # ================================================================== the product
@@ -253,6 +286,17 @@ def matmul_q5_k(w, x, out, serial):
     _matmul(w, x, out, serial, _group_q5_k)
 
 
+@njit(**_JIT)
+def _group_iq4_xs(g, w, xq, xd, x128, xneg, n, k, out):
+    _group(g, w, xq, xd, x128, xneg, n, k, out, _unpack_iq4_xs, False)
+
+
+@njit(parallel=True, **_JIT)
+def matmul_iq4_xs(w, x, out, serial):
+    _matmul(w, x, out, serial, _group_iq4_xs)
+
+
 IQ2_XXS.register_kernels("cpu_prompt8", matmul_iq2_xxs)
+IQ4_XS.register_kernels("cpu_prompt8", matmul_iq4_xs)
 Q5_K.register_kernels("cpu_prompt8", matmul_q5_k)
 KERNELS = kernels_of("cpu_prompt8")

@@ -803,6 +803,37 @@ def vhalf_lo(typingctx, a):
     return f32x16(i32x16), cg
 
 
+_BYTE_SHUFFLE = "avx512bw" if host_has("avx512bw") else "avx2" if host_has("avx2") else None
+
+
+@intrinsic
+def vshuffle_bytes(typingctx, table, a):
+    """byte i of the result = byte a[i] (0..15) of table's 16-byte lane (128 bits) holding byte i
+    (pshufb: a 16-entry byte table in a register, repeated in each 128-bit lane)"""
+    def cg(context, builder, sig, args):
+        t, idx = (builder.bitcast(v, _VB64) for v in args)
+        if _BYTE_SHUFFLE == "avx512bw":
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VB64, [_VB64, _VB64]),
+                                                "llvm.x86.avx512.pshuf.b.512")
+            return builder.bitcast(builder.call(fn, [t, idx]), _VI)
+        if _BYTE_SHUFFLE == "avx2":
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VB32, [_VB32, _VB32]),
+                                                "llvm.x86.avx2.pshuf.b")
+            halves = []
+            for h in range(2):
+                lanes = ir.Constant(ir.VectorType(_i32, 32), list(range(32 * h, 32 * h + 32)))
+                halves.append(builder.call(fn, [builder.shuffle_vector(v, v, lanes) for v in (t, idx)]))
+            return builder.bitcast(_concat(builder, *halves), _VI)
+        out = ir.Constant(_VB64, ir.Undefined)  # elsewhere: byte by byte
+        for i in range(4 * LANES):
+            lane = ir.Constant(_i32, i)
+            j = builder.and_(builder.extract_element(idx, lane), ir.Constant(_i8, 15))
+            at = builder.add(builder.zext(j, _i32), ir.Constant(_i32, i // 16 * 16))
+            out = builder.insert_element(out, builder.extract_element(t, at), lane)
+        return builder.bitcast(out, _VI)
+    return i32x16(i32x16, i32x16), cg
+
+
 @intrinsic
 def vstorei(typingctx, arr, idx, v):
     """arr.flat[idx : idx + 16] = v for a uint32 or int32 array"""
